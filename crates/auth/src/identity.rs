@@ -1,0 +1,273 @@
+//! The gateway → backend identity credential.
+//!
+//! The gateway strips every client-sent header in [`IDENTITY_HEADERS`], then sets
+//! `x-user-id`, `x-user-roles`, `x-identity-ts` (unix ms) and `x-identity-sig`, the hex
+//! HMAC-SHA256 of `"{user_id}\n{roles}\n{ts}"` under the internal key. Backends accept the
+//! identity only when the signature matches and the timestamp is recent, so a caller that
+//! goes around the gateway can neither invent an identity nor replay an old one for long.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use seckill_http::error_response;
+
+/// The verified user id.
+pub const USER_ID: HeaderName = HeaderName::from_static("x-user-id");
+/// Comma-separated roles.
+pub const USER_ROLES: HeaderName = HeaderName::from_static("x-user-roles");
+/// When the gateway signed, unix milliseconds.
+pub const IDENTITY_TS: HeaderName = HeaderName::from_static("x-identity-ts");
+/// Hex HMAC-SHA256 over id, roles and timestamp.
+pub const IDENTITY_SIG: HeaderName = HeaderName::from_static("x-identity-sig");
+
+/// Every header a backend reads identity from; the gateway removes them from client requests.
+pub const IDENTITY_HEADERS: [HeaderName; 4] = [USER_ID, USER_ROLES, IDENTITY_TS, IDENTITY_SIG];
+
+/// A caller the gateway vouched for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The JWT `sub`.
+    pub user_id: i64,
+    /// The JWT `roles`.
+    pub roles: Vec<String>,
+}
+
+impl Identity {
+    /// Whether the caller holds the `admin` role.
+    pub fn is_admin(&self) -> bool {
+        self.roles.iter().any(|r| r == "admin")
+    }
+}
+
+/// Why identity headers were refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdentityError {
+    /// A header is missing or not valid text.
+    #[error("identity headers missing")]
+    Missing,
+    /// The signature does not match.
+    #[error("identity signature invalid")]
+    BadSignature,
+    /// Signed too long ago (or in the future beyond the allowed skew).
+    #[error("identity credential expired")]
+    Stale,
+}
+
+/// Signs (gateway) and verifies (backends) identity headers with the shared internal key.
+#[derive(Clone)]
+pub struct IdentitySigner {
+    key: Arc<[u8]>,
+    max_age_ms: i64,
+}
+
+impl std::fmt::Debug for IdentitySigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentitySigner")
+            .field("max_age_ms", &self.max_age_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdentitySigner {
+    /// A signer for `key`; credentials older than `max_age_ms` are refused.
+    pub fn new(key: &str, max_age_ms: i64) -> Self {
+        Self {
+            key: Arc::from(key.as_bytes()),
+            max_age_ms,
+        }
+    }
+
+    fn mac(&self, user_id: i64, roles: &str, ts: i64) -> Hmac<Sha256> {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC accepts keys of any length");
+        mac.update(format!("{user_id}\n{roles}\n{ts}").as_bytes());
+        mac
+    }
+
+    /// Replaces any identity headers in `headers` with freshly signed ones.
+    pub fn sign_into(&self, headers: &mut HeaderMap, user_id: i64, roles: &[String]) {
+        for name in &IDENTITY_HEADERS {
+            headers.remove(name);
+        }
+        let roles = roles.join(",");
+        let ts = chrono::Utc::now().timestamp_millis();
+        let sig = hex(&self.mac(user_id, &roles, ts).finalize().into_bytes());
+        let mut set = |name: HeaderName, value: String| {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        };
+        set(USER_ID, user_id.to_string());
+        set(USER_ROLES, roles);
+        set(IDENTITY_TS, ts.to_string());
+        set(IDENTITY_SIG, sig);
+    }
+
+    /// Reads and checks the identity headers.
+    pub fn verify(&self, headers: &HeaderMap) -> Result<Identity, IdentityError> {
+        let text = |name: &HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .ok_or(IdentityError::Missing)
+        };
+        let user_id: i64 = text(&USER_ID)?
+            .parse()
+            .map_err(|_| IdentityError::Missing)?;
+        let roles = text(&USER_ROLES).unwrap_or("");
+        let ts: i64 = text(&IDENTITY_TS)?
+            .parse()
+            .map_err(|_| IdentityError::Missing)?;
+        let sig = unhex(text(&IDENTITY_SIG)?).ok_or(IdentityError::BadSignature)?;
+        self.mac(user_id, roles, ts)
+            .verify_slice(&sig)
+            .map_err(|_| IdentityError::BadSignature)?;
+        let age = chrono::Utc::now().timestamp_millis() - ts;
+        if age.abs() > self.max_age_ms {
+            return Err(IdentityError::Stale);
+        }
+        let roles = roles
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(String::from)
+            .collect();
+        Ok(Identity { user_id, roles })
+    }
+}
+
+impl<S> FromRequestParts<S> for Identity
+where
+    IdentitySigner: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        IdentitySigner::from_ref(state)
+            .verify(&parts.headers)
+            .map_err(|e| {
+                tracing::debug!(reason = %e, "identity refused");
+                error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "authentication required",
+                )
+            })
+    }
+}
+
+/// An [`Identity`] that holds the `admin` role; others get 403.
+#[derive(Debug, Clone)]
+pub struct AdminIdentity(pub Identity);
+
+impl<S> FromRequestParts<S> for AdminIdentity
+where
+    IdentitySigner: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let identity = Identity::from_request_parts(parts, state).await?;
+        if identity.is_admin() {
+            Ok(AdminIdentity(identity))
+        } else {
+            Err(error_response(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this action needs the admin role",
+            ))
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signed(signer: &IdentitySigner, user: i64, roles: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let roles: Vec<String> = roles.iter().map(|r| r.to_string()).collect();
+        signer.sign_into(&mut headers, user, &roles);
+        headers
+    }
+
+    #[test]
+    fn a_signed_identity_verifies() {
+        let signer = IdentitySigner::new("k", 30_000);
+        let identity = signer
+            .verify(&signed(&signer, 7, &["admin"]))
+            .expect("valid");
+        assert_eq!(identity.user_id, 7);
+        assert!(identity.is_admin());
+    }
+
+    #[test]
+    fn changing_the_user_id_breaks_the_signature() {
+        let signer = IdentitySigner::new("k", 30_000);
+        let mut headers = signed(&signer, 7, &[]);
+        headers.insert(USER_ID, HeaderValue::from_static("8"));
+        assert_eq!(signer.verify(&headers), Err(IdentityError::BadSignature));
+    }
+
+    #[test]
+    fn adding_a_role_breaks_the_signature() {
+        let signer = IdentitySigner::new("k", 30_000);
+        let mut headers = signed(&signer, 7, &[]);
+        headers.insert(USER_ROLES, HeaderValue::from_static("admin"));
+        assert_eq!(signer.verify(&headers), Err(IdentityError::BadSignature));
+    }
+
+    #[test]
+    fn another_key_is_refused() {
+        let headers = signed(&IdentitySigner::new("k", 30_000), 7, &[]);
+        assert_eq!(
+            IdentitySigner::new("other", 30_000).verify(&headers),
+            Err(IdentityError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn missing_headers_are_refused() {
+        let signer = IdentitySigner::new("k", 30_000);
+        assert_eq!(
+            signer.verify(&HeaderMap::new()),
+            Err(IdentityError::Missing)
+        );
+    }
+
+    #[test]
+    fn an_old_credential_is_refused() {
+        let signer = IdentitySigner::new("k", 30_000);
+        let ts = chrono::Utc::now().timestamp_millis() - 60_000;
+        let sig = hex(&signer.mac(7, "", ts).finalize().into_bytes());
+        let mut headers = HeaderMap::new();
+        headers.insert(USER_ID, HeaderValue::from_static("7"));
+        headers.insert(
+            IDENTITY_TS,
+            HeaderValue::from_str(&ts.to_string()).expect("ascii"),
+        );
+        headers.insert(IDENTITY_SIG, HeaderValue::from_str(&sig).expect("ascii"));
+        assert_eq!(signer.verify(&headers), Err(IdentityError::Stale));
+    }
+}

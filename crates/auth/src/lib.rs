@@ -1,0 +1,17 @@
+//! Who is calling: JWT claims verified at the gateway, and the signed identity the gateway
+//! hands to backends.
+//!
+//! Layout:
+//! - [`jwt`] — claims, the pinned-algorithm verifier, and token minting (scripts, tests).
+//! - [`identity`] — the gateway → backend credential, an HMAC over user id, roles and a
+//!   timestamp, and the axum extractors backends use to read it.
+//!
+//! Why an HMAC and not "backends verify the JWT": backends then never need the public JWT
+//! configuration (issuers, keys, rotation), a client that reaches a backend directly cannot
+//! act as anyone, and the check costs one SHA-256.
+
+pub mod identity;
+pub mod jwt;
+
+pub use identity::{AdminIdentity, Identity, IdentitySigner};
+pub use jwt::{Claims, JwtVerifier, mint_token};

@@ -1,0 +1,81 @@
+//! The layer stack every service puts around its router, in one place.
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+/// A route label a handler can put in its response extensions when it serves a path that
+/// matched no route template (the gateway's proxy fallback), to keep metric series few.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteLabel(pub &'static str);
+
+/// The request id header, created when absent and echoed on the response.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Wraps `router` (outermost first): set a request id if the caller sent none → a tracing
+/// span carrying it, so every log line of the request has it → echo it on the response →
+/// a panic becomes a JSON 500 instead of a dropped connection → per-route metrics.
+pub fn instrument(router: Router, service: &'static str) -> Router {
+    router
+        .layer(middleware::from_fn(move |req, next| {
+            record_metrics(service, req, next)
+        }))
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                    let request_id = req
+                        .headers()
+                        .get(REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!(
+                        "http",
+                        method = %req.method(),
+                        path = %req.uri().path(),
+                        request_id = %request_id,
+                    )
+                }))
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+                .layer(CatchPanicLayer::custom(|_| {
+                    crate::error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "internal error",
+                    )
+                })),
+        )
+}
+
+async fn record_metrics(service: &'static str, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    // The route template, not the raw path: one series per route, not per product id.
+    let matched = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let method = req.method().to_string();
+    let response = next.run(req).await;
+    let route = matched
+        .or_else(|| {
+            let label = response.extensions().get::<RouteLabel>()?;
+            Some(label.0.to_owned())
+        })
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("http_requests_total", "service" => service, "route" => route.clone(),
+        "method" => method.clone(), "status" => status)
+    .increment(1);
+    metrics::histogram!("http_request_duration_seconds", "service" => service, "route" => route,
+        "method" => method)
+    .record(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,15 @@
+//! HTTP plumbing every service shares, so the three speak one contract.
+//!
+//! Layout:
+//! - [`error`] — the JSON error body `{"code","message"}` and typed path parameters whose
+//!   rejection is a 400 in that shape, never axum's plain-text one.
+//! - [`ops`] — `/healthz`, `/readyz`, `/metrics`.
+//! - [`layers`] — request ids, access log spans and per-route request metrics.
+//! - [`shutdown`] — SIGINT/SIGTERM folded into one cancellation token.
+
+pub mod error;
+pub mod layers;
+pub mod ops;
+pub mod shutdown;
+
+pub use error::{ErrorBody, JsonBody, PathId, error_response};

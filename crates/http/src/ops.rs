@@ -1,0 +1,65 @@
+//! Operator endpoints present on every service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+/// One dependency check: a name for the report and a probe that fails with a reason.
+pub type Probe = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync + 'static,
+>;
+
+/// Routes `/healthz` (the process answers), `/readyz` (every dependency answers) and
+/// `/metrics` (Prometheus text).
+pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe)>) -> Router<S> {
+    let probes = Arc::new(probes);
+    Router::new()
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        .route(
+            "/readyz",
+            get(move || {
+                let probes = probes.clone();
+                async move { readiness(&probes).await }
+            }),
+        )
+        .route("/metrics", get(render_metrics))
+}
+
+async fn readiness(probes: &[(&'static str, Probe)]) -> Response {
+    let mut report = serde_json::Map::new();
+    let mut ready = true;
+    for (name, probe) in probes {
+        let outcome = match tokio::time::timeout(std::time::Duration::from_secs(2), probe()).await {
+            Ok(Ok(())) => "ok".to_string(),
+            Ok(Err(reason)) => reason,
+            Err(_) => "timed out".to_string(),
+        };
+        ready &= outcome == "ok";
+        report.insert((*name).to_string(), json!(outcome));
+    }
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({ "ready": ready, "checks": report })),
+    )
+        .into_response()
+}
+
+async fn render_metrics() -> impl IntoResponse {
+    let handle = seckill_telemetry::metrics_handle();
+    handle.run_upkeep();
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+}

@@ -1,0 +1,89 @@
+//! The order message contract (DESIGN.md §5) and the RabbitMQ topology both ends declare.
+//!
+//! Layout:
+//! - [`OrderMessage`]: the body seckill-api publishes and order-service consumes.
+//! - [`topology`] — exchange/queue names under a namespace, declared idempotently.
+//! - [`connect`] — an AMQP connection with retry while the broker comes up.
+
+pub mod topology;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use backon::{ExponentialBuilder, Retryable};
+use chrono::{DateTime, Utc};
+use lapin::{Connection, ConnectionProperties};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub use topology::Topology;
+
+/// An accepted purchase on its way to becoming an order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderMessage {
+    /// Unique per purchase; the order's idempotency key and the AMQP `message_id`.
+    pub request_id: Uuid,
+    /// The buyer.
+    pub user_id: i64,
+    /// What was bought.
+    pub product_id: i64,
+    /// The price at acceptance, so a later price change cannot alter a sold unit.
+    pub price_cents: i64,
+    /// When seckill-api accepted it.
+    pub created_at: DateTime<Utc>,
+}
+
+/// AMQP header carrying the request id of the HTTP request that produced the message.
+pub const HEADER_REQUEST_ID: &str = "x-request-id";
+/// AMQP header carrying the W3C trace context.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// AMQP header counting delivery attempts made by retries (0 on first publish).
+pub const HEADER_ATTEMPT: &str = "x-attempt";
+
+/// Opens a connection to `url`, retrying with backoff for about `patience`.
+pub async fn connect(url: &str, name: &str, patience: Duration) -> anyhow::Result<Connection> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    (|| Connection::connect(url, properties.clone()))
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(3))
+                .with_total_delay(Some(patience))
+                .without_max_times()
+                .with_jitter(),
+        )
+        .notify(|e, wait| tracing::warn!(error = %e, ?wait, "rabbitmq not ready, retrying"))
+        .await
+        .context("connect to rabbitmq")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_body_has_exactly_the_contract_fields() {
+        let msg = OrderMessage {
+            request_id: Uuid::nil(),
+            user_id: 1,
+            product_id: 2,
+            price_cents: 300,
+            created_at: DateTime::from_timestamp(0, 0).expect("epoch"),
+        };
+        let value = serde_json::to_value(&msg).expect("serialize");
+        let mut keys: Vec<_> = value.as_object().expect("object").keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "created_at",
+                "price_cents",
+                "product_id",
+                "request_id",
+                "user_id"
+            ]
+        );
+        let back: OrderMessage = serde_json::from_value(value).expect("deserialize");
+        assert_eq!(back, msg);
+    }
+}

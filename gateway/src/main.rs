@@ -1,0 +1,19 @@
+//! gateway binary: load settings, set up telemetry, run.
+
+use gateway::{Application, Settings};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings: Settings = seckill_config::load("gateway")?;
+    seckill_telemetry::init_tracing("gateway", &settings.log_filter, &settings.log_format);
+    if settings.jwt_secret.expose() == seckill_config::DEV_JWT_SECRET
+        || settings.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY
+    {
+        tracing::warn!(
+            "running with development secrets; set SECKILL_JWT_SECRET and SECKILL_INTERNAL_KEY"
+        );
+    }
+    tracing::info!(?settings, "starting");
+    let app = Application::build(settings).await?;
+    app.run_until_stopped().await
+}

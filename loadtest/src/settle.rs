@@ -1,0 +1,184 @@
+//! Reading the stores: waiting for the system to go quiet, then gathering the facts the
+//! verdict is judged on.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use seckill_store::RedisKeys;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+/// How often the settle loop looks at the stores.
+const POLL_EVERY: Duration = Duration::from_millis(200);
+
+/// Read-only handles on Postgres and Redis.
+pub struct Probe {
+    /// Orders and products.
+    db: PgPool,
+    /// Stock hashes and outbox streams.
+    redis: deadpool_redis::Pool,
+    /// The key layout of the namespace under test.
+    keys: RedisKeys,
+}
+
+/// The store-side numbers of one product after the burst.
+pub struct Observed {
+    /// Live orders of the product.
+    pub orders_in_db: i64,
+    /// Distinct buyers among them.
+    pub distinct_buyers: i64,
+    /// `products.stock_total`.
+    pub stock_total: i64,
+    /// Redis `remaining`, 0 when the stock hash is missing.
+    pub redis_remaining: i64,
+    /// Accepted request ids with no order row.
+    pub missing_orders: i64,
+}
+
+/// How the settle wait ended.
+pub struct Settled {
+    /// Time spent waiting.
+    pub elapsed: Duration,
+    /// False when the timeout hit before the condition held.
+    pub quiet: bool,
+}
+
+impl Probe {
+    /// Connects to both stores and checks they answer, so a dead dependency fails the run
+    /// before any traffic is sent.
+    pub async fn connect(
+        database_url: &str,
+        redis_url: &str,
+        namespace: &str,
+    ) -> anyhow::Result<Self> {
+        let db = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(database_url)
+            .await
+            .context("connecting to Postgres")?;
+        let redis = seckill_store::redis_pool(redis_url, 2).context("building the Redis pool")?;
+        let mut conn = redis.get().await.context("connecting to Redis")?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut *conn)
+            .await
+            .context("pinging Redis")?;
+        Ok(Self {
+            db,
+            redis,
+            keys: RedisKeys::new(namespace),
+        })
+    }
+
+    /// `products.stock_total`, or `None` if the product does not exist.
+    pub async fn stock_total(&self, product_id: i64) -> anyhow::Result<Option<i64>> {
+        let total: Option<i32> =
+            sqlx::query_scalar("SELECT stock_total FROM products WHERE id = $1")
+                .bind(product_id)
+                .fetch_optional(&self.db)
+                .await
+                .context("reading products.stock_total")?;
+        Ok(total.map(i64::from))
+    }
+
+    /// Live orders of the product and how many distinct users hold them.
+    async fn live_orders(&self, product_id: i64) -> anyhow::Result<(i64, i64)> {
+        sqlx::query_as(
+            "SELECT count(*), count(DISTINCT user_id) FROM orders \
+             WHERE product_id = $1 AND status <> 'cancelled'",
+        )
+        .bind(product_id)
+        .fetch_one(&self.db)
+        .await
+        .context("counting live orders")
+    }
+
+    /// Accepted request ids with no order row, whatever the order's status.
+    async fn missing_orders(&self, accepted: &[Uuid]) -> anyhow::Result<i64> {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM unnest($1::uuid[]) AS accepted(id) \
+             WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.request_id = accepted.id)",
+        )
+        .bind(accepted)
+        .fetch_one(&self.db)
+        .await
+        .context("looking up accepted request ids")
+    }
+
+    /// Entries still waiting in the product's outbox (XLEN of a missing key is 0).
+    async fn outbox_len(&self, product_id: i64) -> anyhow::Result<i64> {
+        let mut conn = self.redis.get().await.context("connecting to Redis")?;
+        redis::cmd("XLEN")
+            .arg(self.keys.outbox(product_id))
+            .query_async(&mut *conn)
+            .await
+            .context("reading the outbox length")
+    }
+
+    /// The stock hash's `remaining` field, 0 when missing.
+    async fn redis_remaining(&self, product_id: i64) -> anyhow::Result<i64> {
+        let mut conn = self.redis.get().await.context("connecting to Redis")?;
+        let remaining: Option<i64> = redis::cmd("HGET")
+            .arg(self.keys.stock(product_id))
+            .arg("remaining")
+            .query_async(&mut *conn)
+            .await
+            .context("reading the Redis stock")?;
+        Ok(remaining.unwrap_or(0))
+    }
+
+    /// Waits until every accepted purchase has an order and the outbox is drained, or until
+    /// `timeout`; a spinner shows the progress meanwhile.
+    pub async fn settle(
+        &self,
+        product_id: i64,
+        accepted: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<Settled> {
+        let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        spinner.set_style(
+            ProgressStyle::with_template("{spinner} settling [{elapsed}] {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        spinner.enable_steady_tick(Duration::from_millis(100));
+
+        let started = Instant::now();
+        let mut ticks = tokio::time::interval(POLL_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let quiet = loop {
+            ticks.tick().await;
+            let (orders, _) = self.live_orders(product_id).await?;
+            let outbox = self.outbox_len(product_id).await?;
+            spinner.set_message(format!("orders {orders}/{accepted}, outbox {outbox}"));
+            if orders >= accepted as i64 && outbox == 0 {
+                break true;
+            }
+            if started.elapsed() >= timeout {
+                break false;
+            }
+        };
+        spinner.finish_and_clear();
+        Ok(Settled {
+            elapsed: started.elapsed(),
+            quiet,
+        })
+    }
+
+    /// Reads every store-side number the verdict needs.
+    pub async fn observe(&self, product_id: i64, accepted: &[Uuid]) -> anyhow::Result<Observed> {
+        let (orders_in_db, distinct_buyers) = self.live_orders(product_id).await?;
+        let stock_total = self
+            .stock_total(product_id)
+            .await?
+            .with_context(|| format!("product {product_id} vanished from the database"))?;
+        Ok(Observed {
+            orders_in_db,
+            distinct_buyers,
+            stock_total,
+            redis_remaining: self.redis_remaining(product_id).await?,
+            missing_orders: self.missing_orders(accepted).await?,
+        })
+    }
+}

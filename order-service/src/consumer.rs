@@ -1,0 +1,241 @@
+//! The RabbitMQ consumer: manual ack, bounded prefetch, one task per delivery.
+//!
+//! Every AMQP choice here protects "never lose an accepted purchase":
+//! - manual ack, sent only after the order's transaction committed and the buyer's result
+//!   was written; a crash before that means redelivery, which the idempotent write absorbs;
+//! - `prefetch` bounds unacked deliveries, and so the concurrent writes, per replica;
+//! - a transient failure (database or Redis down) requeues the message after a delay,
+//!   instead of acking or dead-lettering it;
+//! - a permanent failure (unparseable body, unknown product, no stock in the database) is
+//!   rejected without requeue, so the queue's dead-letter exchange keeps it for the operator.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
+};
+use lapin::types::FieldTable;
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use seckill_messaging::{OrderMessage, Topology};
+use seckill_store::{PurchaseResult, RedisKeys};
+
+use crate::orders::{self, Recorded};
+
+/// Consumes accepted purchases and records them as orders.
+#[derive(Clone)]
+pub struct OrderConsumer {
+    /// Where orders are written.
+    pub db: PgPool,
+    /// Where buyer results are written.
+    pub redis: deadpool_redis::Pool,
+    /// Key names.
+    pub keys: RedisKeys,
+    /// Broker.
+    pub amqp_url: String,
+    /// Queue names.
+    pub topology: Topology,
+    /// Unacked deliveries at once.
+    pub prefetch: u16,
+    /// Wait before requeueing after a transient failure, so an outage is not a busy loop.
+    pub requeue_delay: Duration,
+    /// True while consuming (read by `/readyz`).
+    pub connected: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for OrderConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrderConsumer")
+            .field("queue", &self.topology.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OrderConsumer {
+    /// Runs until `cancel`, reconnecting with backoff when the broker goes away.
+    pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
+        let mut backoff = Duration::from_millis(200);
+        while !cancel.is_cancelled() {
+            match self.consume(&cancel).await {
+                Ok(()) => break,
+                Err(e) => {
+                    self.connected.store(false, Ordering::Relaxed);
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        ?backoff,
+                        "order consumer interrupted"
+                    );
+                    metrics::counter!("order_consumer_interruptions_total").increment(1);
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        tracing::info!("order consumer stopped");
+        Ok(())
+    }
+
+    async fn consume(&self, cancel: &CancellationToken) -> anyhow::Result<()> {
+        let connection =
+            seckill_messaging::connect(&self.amqp_url, "order-service", Duration::ZERO).await?;
+        let channel = connection.create_channel().await?;
+        self.topology
+            .declare(&channel)
+            .await
+            .context("declare topology")?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .context("set prefetch")?;
+        let tag = format!("order-service-{}", uuid::Uuid::new_v4().simple());
+        let mut deliveries = channel
+            .basic_consume(
+                self.topology.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .context("start consuming")?;
+        self.connected.store(true, Ordering::Relaxed);
+        tracing::info!(queue = %self.topology.queue, prefetch = self.prefetch, "consuming");
+
+        let mut in_flight = JoinSet::new();
+        let ended = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break Ok(()),
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => {
+                        let this = self.clone();
+                        in_flight.spawn(async move { this.handle(delivery).await });
+                    }
+                    Some(Err(e)) => break Err(anyhow::Error::from(e).context("delivery stream")),
+                    None => break Err(anyhow::anyhow!("delivery stream ended")),
+                },
+                Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    if let Err(e) = done {
+                        tracing::error!(error = %e, "delivery task panicked");
+                    }
+                }
+            }
+        };
+        // Stop new deliveries, then let the ones in hand finish and ack.
+        let _ = channel
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+            .await;
+        while in_flight.join_next().await.is_some() {}
+        self.connected.store(false, Ordering::Relaxed);
+        let _ = channel.close(200, "order-service stopping".into()).await;
+        let _ = connection.close(200, "order-service stopping".into()).await;
+        ended
+    }
+
+    #[tracing::instrument(skip_all, fields(message_id))]
+    async fn handle(&self, delivery: Delivery) {
+        let message_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        tracing::Span::current().record("message_id", message_id.as_str());
+        metrics::counter!("orders_consumed_total").increment(1);
+
+        let msg = match serde_json::from_slice::<OrderMessage>(&delivery.data) {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::error!(error = %e, "unparseable order message, dead-lettering");
+                metrics::counter!("orders_dead_lettered_total", "reason" => "unparseable")
+                    .increment(1);
+                let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+                return;
+            }
+        };
+        let started = std::time::Instant::now();
+        let recorded = orders::record(&self.db, &msg).await;
+        metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
+        let (result, settle) = match recorded {
+            Ok(Recorded::Created { order_id }) => {
+                metrics::counter!("orders_created_total").increment(1);
+                (PurchaseResult::Success { order_id }, Settle::Ack)
+            }
+            Ok(Recorded::Duplicate { order_id }) => {
+                metrics::counter!("orders_duplicates_total").increment(1);
+                (PurchaseResult::Success { order_id }, Settle::Ack)
+            }
+            Ok(Recorded::Rejected { reason }) => {
+                tracing::error!(
+                    reason,
+                    user_id = msg.user_id,
+                    product_id = msg.product_id,
+                    "order rejected, dead-lettering"
+                );
+                metrics::counter!("orders_dead_lettered_total", "reason" => reason).increment(1);
+                let reason = reason.to_string();
+                (PurchaseResult::Failed { reason }, Settle::DeadLetter)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "order write failed, requeueing");
+                self.requeue(&delivery).await;
+                return;
+            }
+        };
+        if let Err(e) = self.write_result(&msg, &result).await {
+            // The order is committed; redelivery will find it and write the result again.
+            tracing::warn!(error = %e, "result write failed, requeueing");
+            self.requeue(&delivery).await;
+            return;
+        }
+        let settled = match settle {
+            Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
+            Settle::DeadLetter => delivery.reject(BasicRejectOptions { requeue: false }).await,
+        };
+        if let Err(e) = settled {
+            // The channel died: the broker will redeliver, and the write is idempotent.
+            tracing::warn!(error = %e, "could not settle delivery");
+        }
+    }
+
+    async fn requeue(&self, delivery: &Delivery) {
+        metrics::counter!("orders_requeued_total").increment(1);
+        tokio::time::sleep(self.requeue_delay).await;
+        let options = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        if let Err(e) = delivery.nack(options).await {
+            tracing::warn!(error = %e, "could not requeue delivery");
+        }
+    }
+
+    async fn write_result(
+        &self,
+        msg: &OrderMessage,
+        result: &PurchaseResult,
+    ) -> anyhow::Result<()> {
+        let mut conn = self.redis.get().await?;
+        redis::cmd("HSET")
+            .arg(self.keys.results(msg.product_id))
+            .arg(msg.user_id)
+            .arg(result.encode())
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+enum Settle {
+    Ack,
+    DeadLetter,
+}

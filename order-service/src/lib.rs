@@ -1,0 +1,22 @@
+//! order-service: turns accepted purchases into orders in Postgres, exactly once in effect.
+//!
+//! Messages arrive at least once (the relay republishes what it could not confirm, the
+//! broker redelivers what was not acked). Each is written in one transaction that inserts
+//! the order — `request_id` unique, one live order per user and product — and decrements
+//! the product's DB stock only if some is left. A redelivery finds the order already there
+//! and is acked as a no-op. Acks happen only after commit.
+//!
+//! Layout:
+//! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`.
+//! - [`orders`] — the idempotent write and order queries.
+//! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
+//! - [`routes`] — `GET /api/orders`, `GET /api/orders/{id}`.
+
+pub mod config;
+pub mod consumer;
+pub mod orders;
+pub mod routes;
+pub mod startup;
+
+pub use config::Settings;
+pub use startup::Application;

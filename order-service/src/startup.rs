@@ -1,0 +1,143 @@
+//! Building and running order-service: the HTTP server and the consumer under one token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use seckill_auth::IdentitySigner;
+use seckill_http::ops::{self, Probe};
+use seckill_messaging::Topology;
+use seckill_store::RedisKeys;
+
+use crate::Settings;
+use crate::consumer::OrderConsumer;
+use crate::routes::{self, AppState};
+
+/// A built, not yet running, order-service.
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    port: u16,
+    router: axum::Router,
+    consumer: OrderConsumer,
+    cancel: CancellationToken,
+}
+
+impl Application {
+    /// Connects to Postgres (waiting while it comes up, then migrating) and binds the port.
+    /// The consumer connects to RabbitMQ in the background; `/readyz` reports it.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let db = seckill_store::postgres::connect_and_migrate(
+            settings.database_url.expose(),
+            settings.db_pool_size,
+            Duration::from_secs(settings.startup_patience_secs),
+        )
+        .await?;
+        let redis =
+            seckill_store::redis_pool(settings.redis_url.expose(), settings.redis_pool_size)?;
+        let connected = Arc::new(AtomicBool::new(false));
+        let state = AppState {
+            db: db.clone(),
+            signer: IdentitySigner::new(
+                settings.internal_key.expose(),
+                settings.identity_max_age_ms,
+            ),
+        };
+        let probes = readiness_probes(db.clone(), connected.clone());
+        let router = seckill_http::layers::instrument(
+            routes::router(state).merge(ops::router(probes)),
+            "order-service",
+        );
+        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+            .await
+            .with_context(|| format!("bind {}:{}", settings.host, settings.port))?;
+        let port = listener.local_addr()?.port();
+        let consumer = OrderConsumer {
+            db,
+            redis,
+            keys: RedisKeys::new(&settings.namespace),
+            amqp_url: settings.amqp_url.expose().to_string(),
+            topology: Topology::new(&settings.namespace),
+            prefetch: settings.prefetch,
+            requeue_delay: Duration::from_millis(settings.requeue_delay_ms),
+            connected,
+        };
+        Ok(Self {
+            listener,
+            port,
+            router,
+            consumer,
+            cancel: CancellationToken::new(),
+        })
+    }
+
+    /// The bound port (useful with port 0).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A token that stops the application when cancelled (tests; signals do the same).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Serves and consumes until SIGINT/SIGTERM or the shutdown token; then stops taking
+    /// deliveries, finishes and acks the ones in hand, and closes the channel.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let cancel = self.cancel.clone();
+        tokio::spawn(seckill_http::shutdown::cancel_on_signal(cancel.clone()));
+        let consumer = tokio::spawn(self.consumer.run(cancel.clone()));
+        tracing::info!(port = self.port, "order-service listening");
+        let served = axum::serve(
+            self.listener,
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(cancel.clone().cancelled_owned())
+        .await;
+        cancel.cancel();
+        match &served {
+            Ok(()) => tracing::info!("http server stopped"),
+            Err(e) => tracing::error!(error = %e, "http server failed"),
+        }
+        match tokio::time::timeout(Duration::from_secs(15), consumer).await {
+            Ok(Ok(Ok(()))) => tracing::info!("consumer finished"),
+            Ok(Ok(Err(e))) => tracing::error!(error = format!("{e:#}"), "consumer failed"),
+            Ok(Err(e)) => tracing::error!(error = %e, "consumer panicked"),
+            Err(_) => tracing::warn!(
+                "consumer did not stop within 15s; unacked messages will be redelivered"
+            ),
+        }
+        served.context("serve http")
+    }
+}
+
+fn readiness_probes(db: PgPool, consumer: Arc<AtomicBool>) -> Vec<(&'static str, Probe)> {
+    let postgres: Probe = Arc::new(move || {
+        let db = db.clone();
+        Box::pin(async move {
+            sqlx::query("SELECT 1")
+                .execute(&db)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    });
+    let rabbitmq: Probe = Arc::new(move || {
+        let connected = consumer.load(Ordering::Relaxed);
+        Box::pin(async move {
+            if connected {
+                Ok(())
+            } else {
+                Err("consumer not connected".to_string())
+            }
+        })
+    });
+    vec![("postgres", postgres), ("rabbitmq", rabbitmq)]
+}

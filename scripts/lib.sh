@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # the variables are used by the scripts that source this file
+# Helpers sourced by the other scripts: paths, ports, dev-default secrets, waiting.
+# Not meant to be run on its own.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SCRIPTS="$ROOT/scripts"
+RUN_DIR="$ROOT/run"
+LOG_DIR="$RUN_DIR/logs"
+PID_DIR="$RUN_DIR/pids"
+BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+
+# rustup puts cargo here; a non-login shell (CI, cron) may not have it on PATH yet.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+# Start order; down.sh walks it backwards (the gateway stops taking traffic first).
+SERVICES=(seckill-api order-service gateway)
+
+# The same variables the services read, so a caller's override reaches both.
+GATEWAY_PORT="${SECKILL_GATEWAY_PORT:-8080}"
+API_PORT="${SECKILL_API_PORT:-8081}"
+ORDER_PORT="${SECKILL_ORDER_PORT:-8082}"
+
+# Development defaults, documented in the README. Production must set its own.
+export SECKILL_JWT_SECRET="${SECKILL_JWT_SECRET:-seckill-dev-jwt-secret-change-me}"
+export SECKILL_INTERNAL_KEY="${SECKILL_INTERNAL_KEY:-seckill-dev-internal-key-change-me}"
+
+# What infra.sh prepares and the services use by default.
+PG_HOST=127.0.0.1
+PG_PORT=5432
+PG_USER=postgres
+PG_PASSWORD=postgres
+PG_DATABASE=seckill
+REDIS_HOST=127.0.0.1
+REDIS_PORT=6379
+AMQP_PORT=5672
+RABBIT_UI_PORT=15672
+
+# Progress line.
+say() { printf '==> %s\n' "$*" >&2; }
+
+# Error line, then exit 1.
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+
+# Runs a command as root: directly when we are root, else through sudo.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "need root (or sudo) to run: $*"
+    fi
+}
+
+require_cargo() {
+    command -v cargo >/dev/null 2>&1 ||
+        die "cargo not found. Install Rust with rustup (https://rustup.rs), then open a new shell or run: . \"\$HOME/.cargo/env\""
+}
+
+# port_open PORT [HOST]: true when something accepts TCP connections there.
+port_open() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/${2:-127.0.0.1}/$1" 2>/dev/null
+}
+
+# http_ok URL: true on a 2xx answer.
+http_ok() {
+    curl -fsS -o /dev/null --max-time 3 "$1" 2>/dev/null
+}
+
+# wait_until SECONDS WHAT COMMAND...: polls COMMAND every second until it succeeds.
+wait_until() {
+    local limit=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            printf 'error: %s not ready after %ss\n' "$what" "$limit" >&2
+            return 1
+        fi
+        sleep 1
+    done
+}
+
+# wait_for_url URL SECONDS: polls until URL answers 2xx.
+wait_for_url() {
+    wait_until "$2" "$1" http_ok "$1"
+}
+
+port_of() {
+    case $1 in
+    gateway) echo "$GATEWAY_PORT" ;;
+    seckill-api) echo "$API_PORT" ;;
+    order-service) echo "$ORDER_PORT" ;;
+    *) die "unknown service $1" ;;
+    esac
+}
+
+pid_file() { echo "$PID_DIR/$1.pid"; }
+log_file() { echo "$LOG_DIR/$1.log"; }
+
+# alive PID: true while the process exists and is not a zombie waiting for its parent.
+alive() {
+    kill -0 "$1" 2>/dev/null || return 1
+    ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# running_pid SERVICE: prints the pid from the pid file when that process is alive and is
+# still our binary (a recycled pid belongs to someone else); fails otherwise.
+running_pid() {
+    local file pid comm
+    file=$(pid_file "$1")
+    [ -f "$file" ] || return 1
+    pid=$(cat "$file")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    alive "$pid" || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+    # /proc/PID/comm holds at most 15 characters of the name.
+    [ "$comm" = "${1:0:15}" ] || return 1
+    echo "$pid"
+}
+
+# psql_admin ARGS...: psql as the postgres user over TCP, as the services connect.
+psql_admin() {
+    PGPASSWORD="$PG_PASSWORD" psql -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -X -q -v ON_ERROR_STOP=1 "$@"
+}

@@ -1,0 +1,312 @@
+//! The outbox relay: Redis streams → RabbitMQ, with publisher confirms.
+//!
+//! Each product's accepted purchases sit in its outbox stream (written by the purchase Lua).
+//! The relay reads them through a consumer group, publishes a batch (persistent,
+//! `mandatory`, many confirms in flight at once), waits for the broker's confirms, and only
+//! then `XACK`s and `XDEL`s the confirmed entries. Anything unconfirmed stays pending:
+//! after a reconnect the relay first replays its own pending entries, and entries left
+//! pending by a replica that died are taken over with `XAUTOCLAIM` once idle long enough.
+//! Delivery is therefore at-least-once; order-service makes it exactly-once in effect.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation};
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use seckill_messaging::{HEADER_ATTEMPT, HEADER_REQUEST_ID, Topology};
+use seckill_store::RedisKeys;
+
+/// The consumer group every replica's relay joins.
+pub const GROUP: &str = "relay";
+
+/// Creates the relay's consumer group on `stream` (and the stream), if missing.
+pub async fn create_group(
+    conn: &mut deadpool_redis::Connection,
+    stream: &str,
+) -> redis::RedisResult<()> {
+    let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await;
+    match created {
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
+/// What the relay needs; see the module docs for how it works.
+#[derive(Clone)]
+pub struct Relay {
+    /// Where the outbox streams are.
+    pub redis: deadpool_redis::Pool,
+    /// Key names.
+    pub keys: RedisKeys,
+    /// Broker to publish to.
+    pub amqp_url: String,
+    /// Exchange and routing key.
+    pub topology: Topology,
+    /// Entries per stream per round.
+    pub batch: usize,
+    /// Entries idle this long on another consumer are taken over.
+    pub reclaim_idle: Duration,
+    /// Poked by the purchase handler so the relay does not wait for its idle tick.
+    pub wakeup: Arc<Notify>,
+    /// True while a confirmed channel is open (read by `/readyz`).
+    pub connected: Arc<AtomicBool>,
+    /// This replica's consumer name in the group.
+    pub consumer: String,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+const IDLE_TICK: Duration = Duration::from_millis(50);
+const RECLAIM_EVERY: Duration = Duration::from_secs(5);
+
+impl Relay {
+    /// Runs until `cancel`: (re)connects to the broker with backoff and pumps the outbox.
+    pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
+        let mut backoff = Duration::from_millis(200);
+        while !cancel.is_cancelled() {
+            let outcome = match self.open_channel().await {
+                Ok((connection, channel)) => {
+                    self.connected.store(true, Ordering::Relaxed);
+                    backoff = Duration::from_millis(200);
+                    let pumped = self.pump(&channel, &cancel).await;
+                    self.connected.store(false, Ordering::Relaxed);
+                    let _ = channel.close(200, "relay stopping".into()).await;
+                    let _ = connection.close(200, "relay stopping".into()).await;
+                    pumped
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = outcome {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    ?backoff,
+                    "outbox relay interrupted"
+                );
+                metrics::counter!("outbox_relay_interruptions_total").increment(1);
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+        tracing::info!("outbox relay stopped");
+        Ok(())
+    }
+
+    async fn open_channel(&self) -> anyhow::Result<(lapin::Connection, Channel)> {
+        let connection =
+            seckill_messaging::connect(&self.amqp_url, "seckill-api relay", Duration::ZERO).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .context("enable publisher confirms")?;
+        self.topology
+            .declare(&channel)
+            .await
+            .context("declare topology")?;
+        Ok((connection, channel))
+    }
+
+    /// Publishes until cancelled or until the broker or Redis fails.
+    async fn pump(&self, channel: &Channel, cancel: &CancellationToken) -> anyhow::Result<()> {
+        // After a (re)connect, replay our own pending entries first: they may have been
+        // published without a confirm reaching us.
+        let mut replay_own = true;
+        let mut last_reclaim = Instant::now() - RECLAIM_EVERY;
+        loop {
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
+            let mut conn = self.redis.get().await?;
+            let streams: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(self.keys.outbox_registry())
+                .query_async(&mut conn)
+                .await?;
+            let reclaim = last_reclaim.elapsed() >= RECLAIM_EVERY;
+            let mut moved = 0;
+            for stream in &streams {
+                let mut entries = self
+                    .read(&mut conn, stream, if replay_own { "0" } else { ">" })
+                    .await?;
+                if reclaim {
+                    entries.extend(self.reclaim(&mut conn, stream).await?);
+                }
+                moved += self.publish(channel, &mut conn, stream, entries).await?;
+            }
+            if reclaim {
+                last_reclaim = Instant::now();
+            }
+            replay_own = false;
+            drop(conn);
+            if moved == 0 {
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = self.wakeup.notified() => {}
+                    _ = tokio::time::sleep(IDLE_TICK) => {}
+                }
+            }
+        }
+    }
+
+    async fn read(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        stream: &str,
+        from: &str,
+    ) -> anyhow::Result<Vec<StreamId>> {
+        let reply: redis::RedisResult<Option<StreamReadReply>> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.batch)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(from)
+            .query_async(conn)
+            .await;
+        let reply = match reply {
+            // The stream or group vanished (Redis restarted without data): recreate, retry later.
+            Err(e) if e.code() == Some("NOGROUP") => {
+                create_group(conn, stream).await?;
+                return Ok(Vec::new());
+            }
+            other => other?,
+        };
+        Ok(reply
+            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+            .unwrap_or_default())
+    }
+
+    async fn reclaim(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        stream: &str,
+    ) -> anyhow::Result<Vec<StreamId>> {
+        let reply: redis::RedisResult<StreamAutoClaimReply> = redis::cmd("XAUTOCLAIM")
+            .arg(stream)
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg(self.reclaim_idle.as_millis() as u64)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(self.batch)
+            .query_async(conn)
+            .await;
+        match reply {
+            Ok(reply) => {
+                if !reply.claimed.is_empty() {
+                    tracing::info!(
+                        stream,
+                        count = reply.claimed.len(),
+                        "reclaimed outbox entries"
+                    );
+                    metrics::counter!("outbox_reclaimed_total")
+                        .increment(reply.claimed.len() as u64);
+                }
+                Ok(reply.claimed)
+            }
+            Err(e) if e.code() == Some("NOGROUP") => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Publishes `entries` with all confirms in flight together, then acks and deletes the
+    /// confirmed ones. Returns how many were confirmed; fails if any was not.
+    async fn publish(
+        &self,
+        channel: &Channel,
+        conn: &mut deadpool_redis::Connection,
+        stream: &str,
+        entries: Vec<StreamId>,
+    ) -> anyhow::Result<usize> {
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let mut pending = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
+            let request_id: String = entry.get("request_id").unwrap_or_default();
+            let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
+            let mut headers = FieldTable::default();
+            headers.insert(
+                HEADER_REQUEST_ID.into(),
+                AMQPValue::LongString(http_request_id.as_str().into()),
+            );
+            headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
+            let properties = BasicProperties::default()
+                .with_message_id(request_id.as_str().into())
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2)
+                .with_headers(headers);
+            let confirm = channel
+                .basic_publish(
+                    self.topology.exchange.as_str().into(),
+                    self.topology.routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &payload,
+                    properties,
+                )
+                .await
+                .context("publish")?;
+            pending.push((entry.id.clone(), confirm));
+        }
+        let mut confirmed = Vec::with_capacity(pending.len());
+        let mut failed = 0usize;
+        for (id, confirm) in pending {
+            match confirm.await.context("await confirm")? {
+                Confirmation::Ack(None) => confirmed.push(id),
+                // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
+                // follows re-declares the topology and replays it.
+                Confirmation::Ack(Some(_returned)) => failed += 1,
+                Confirmation::Nack(_) | Confirmation::NotRequested => failed += 1,
+            }
+        }
+        if !confirmed.is_empty() {
+            redis::pipe()
+                .atomic()
+                .cmd("XACK")
+                .arg(stream)
+                .arg(GROUP)
+                .arg(&confirmed)
+                .ignore()
+                .cmd("XDEL")
+                .arg(stream)
+                .arg(&confirmed)
+                .ignore()
+                .query_async::<()>(conn)
+                .await?;
+            metrics::counter!("outbox_relayed_total").increment(confirmed.len() as u64);
+        }
+        if failed > 0 {
+            metrics::counter!("outbox_publish_failures_total").increment(failed as u64);
+            anyhow::bail!("{failed} outbox entries were not confirmed by the broker");
+        }
+        Ok(confirmed.len())
+    }
+}

@@ -1,0 +1,20 @@
+//! HTTP routes of seckill-api, merged in one place.
+
+mod products;
+mod purchase;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::state::AppState;
+
+/// Every business route; ops routes are added by `startup`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/api/seckill/{product_id}", post(purchase::purchase))
+        .route("/api/seckill/{product_id}/result", get(purchase::result))
+        .route("/api/products", get(products::list))
+        .route("/api/products/{product_id}", get(products::get))
+        .route("/admin/products", post(products::create))
+        .with_state(state)
+}
