@@ -130,10 +130,25 @@ impl OrderConsumer {
                 }
             }
         };
-        // Stop new deliveries, then let the ones in hand finish and ack.
-        let _ = channel
-            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-            .await;
+        if ended.is_ok() {
+            // Stop new deliveries, then handle those the broker already pushed to us (the
+            // stream ends after them), so a clean stop redelivers nothing.
+            let _ = channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
+            let buffered = async {
+                while let Some(Ok(delivery)) = deliveries.next().await {
+                    let this = self.clone();
+                    in_flight.spawn(async move { this.handle(delivery).await });
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), buffered)
+                .await
+                .is_err()
+            {
+                tracing::warn!("consumer did not end after cancel; the broker requeues the rest");
+            }
+        }
         while in_flight.join_next().await.is_some() {}
         self.connected.store(false, Ordering::Relaxed);
         let _ = channel.close(200, "order-service stopping".into()).await;

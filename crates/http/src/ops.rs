@@ -18,6 +18,8 @@ pub type Probe = Arc<
 /// Routes `/healthz` (the process answers), `/readyz` (every dependency answers) and
 /// `/metrics` (Prometheus text).
 pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe)>) -> Router<S> {
+    // Install the recorder now: metrics recorded before it exists are dropped.
+    seckill_telemetry::metrics_handle();
     let probes = Arc::new(probes);
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))

@@ -107,6 +107,9 @@ impl StockEngine {
                 .arg(req.http_request_id)
                 .invoke_async(&mut conn)
                 .await?;
+            // Give the connection back before a load, which needs connections of its own:
+            // holding one while waiting for another starves the pool under a burst.
+            drop(conn);
             metrics::histogram!("seckill_lua_seconds").record(started.elapsed().as_secs_f64());
             match code {
                 1 => return Ok(Decision::Accepted),
@@ -152,7 +155,9 @@ impl StockEngine {
                 .query_async(&mut conn)
                 .await?;
             if acquired.is_some() {
+                drop(conn);
                 let loaded = self.load(product).await;
+                let mut conn = self.redis.get().await?;
                 let _: i64 = self
                     .unlock
                     .key(&lock)

@@ -1,0 +1,126 @@
+//! A purchase end to end: gateway → seckill-api → outbox → RabbitMQ → order-service → Postgres.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use seckill_testkit::eventually;
+
+use crate::helpers::{assert_error, spawn_platform, user_token};
+
+#[tokio::test]
+async fn a_purchase_through_the_gateway_becomes_an_order_the_buyer_can_see() {
+    let platform = spawn_platform().await;
+    let product = platform.create_product(3, -60).await;
+    let buyer = user_token(1001);
+
+    let response = platform.buy(product, &buyer).await;
+    assert_eq!(response.status(), 202);
+    assert!(response.headers().contains_key("x-request-id"));
+    let accepted: Value = response.json().await.expect("json");
+    assert_eq!(accepted["status"], "queued");
+
+    let result = eventually("order settled", Duration::from_secs(30), || async {
+        let body: Value = platform
+            .get(&format!("/api/seckill/{product}/result"), &buyer)
+            .await
+            .json()
+            .await
+            .ok()?;
+        (body["status"] == "success").then_some(body)
+    })
+    .await;
+    let order_id = result["order_id"].as_i64().expect("order id");
+
+    let order: Value = platform
+        .get(&format!("/api/orders/{order_id}"), &buyer)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(order["user_id"], 1001);
+    assert_eq!(order["product_id"], product);
+    assert_eq!(order["request_id"], accepted["request_id"]);
+    platform.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_unhappy_path_answers_its_contract_status_through_the_gateway() {
+    let platform = spawn_platform().await;
+    let product = platform.create_product(1, -60).await;
+    let not_yet = platform.create_product(5, 3600).await;
+    let first = user_token(1);
+    let second = user_token(2);
+
+    assert_error(platform.buy("abc", &first).await, 400, "invalid_request").await;
+    assert_error(
+        platform.buy(987_654, &first).await,
+        404,
+        "product_not_found",
+    )
+    .await;
+    assert_error(
+        platform.buy(not_yet, &first).await,
+        422,
+        "activity_not_active",
+    )
+    .await;
+    assert_eq!(platform.buy(product, &first).await.status(), 202);
+    assert_error(
+        platform.buy(product, &first).await,
+        409,
+        "already_purchased",
+    )
+    .await;
+    assert_error(platform.buy(product, &second).await, 410, "sold_out").await;
+    assert_error(
+        platform.get("/api/orders/abc", &first).await,
+        400,
+        "invalid_request",
+    )
+    .await;
+    assert_error(platform.get("/nowhere", &first).await, 404, "not_found").await;
+    platform.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_burst_of_buyers_gets_exactly_the_stock_as_orders() {
+    let platform = spawn_platform().await;
+    let stock = 25;
+    let users = 120;
+    let product = platform.create_product(stock, -60).await;
+    let tokens: Vec<String> = (1..=users).map(user_token).collect();
+    let responses =
+        futures_util::future::join_all(tokens.iter().map(|t| platform.buy(product, t))).await;
+    let accepted = responses.iter().filter(|r| r.status() == 202).count();
+    let sold_out = responses.iter().filter(|r| r.status() == 410).count();
+    assert_eq!(accepted, stock as usize);
+    assert_eq!(sold_out, users as usize - stock as usize);
+
+    let db = platform.ns.db().await;
+    let (orders, buyers): (i64, i64) =
+        eventually("orders written", Duration::from_secs(30), || {
+            let db = db.clone();
+            async move {
+                let row: (i64, i64) = sqlx::query_as(
+                    "SELECT count(*), count(DISTINCT user_id) FROM orders WHERE product_id = $1",
+                )
+                .bind(product)
+                .fetch_one(&db)
+                .await
+                .ok()?;
+                (row.0 >= i64::from(stock)).then_some(row)
+            }
+        })
+        .await;
+    assert_eq!(orders, i64::from(stock));
+    assert_eq!(buyers, i64::from(stock));
+    let remaining: i32 = sqlx::query_scalar("SELECT stock_remaining FROM products WHERE id = $1")
+        .bind(product)
+        .fetch_one(&db)
+        .await
+        .expect("stock");
+    assert_eq!(remaining, 0);
+    db.close().await;
+    platform.shutdown().await;
+}

@@ -1,0 +1,145 @@
+//! From message to order: idempotency, dead letters, results, the buyer's order routes.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde_json::Value;
+
+use seckill_testkit::{eventually, identity_headers};
+
+use crate::helpers::spawn_app;
+
+#[tokio::test]
+async fn a_published_purchase_becomes_one_order_and_the_result_shows_success() {
+    let app = spawn_app().await;
+    let product = app.product(10).await;
+    let msg = app.message(product, 42);
+    app.publish(&msg).await;
+
+    let stored = eventually("result written", Duration::from_secs(20), || async {
+        app.stored_result(product, 42)
+            .await
+            .filter(|r| r.starts_with("success:"))
+    })
+    .await;
+    let order_id: i64 = stored["success:".len()..].parse().expect("order id");
+    assert_eq!(app.order_count(product).await, 1);
+    assert_eq!(app.stock_remaining(product).await, 9);
+
+    // The buyer sees it; another user does not.
+    let client = reqwest::Client::new();
+    let mine: Value = client
+        .get(format!("{}/api/orders/{order_id}", app.address))
+        .headers(identity_headers(42, &[]))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(mine["request_id"], msg.request_id.to_string());
+    assert_eq!(mine["status"], "created");
+    let theirs = client
+        .get(format!("{}/api/orders/{order_id}", app.address))
+        .headers(identity_headers(43, &[]))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(theirs.status(), 404);
+    let list: Value = client
+        .get(format!("{}/api/orders", app.address))
+        .headers(identity_headers(42, &[]))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn duplicate_deliveries_of_one_purchase_create_exactly_one_order() {
+    let mut app = spawn_app().await;
+    let product = app.product(10).await;
+    let msg = app.message(product, 7);
+    join_all((0..20).map(|_| app.publish(&msg))).await;
+
+    eventually("result written", Duration::from_secs(20), || async {
+        app.stored_result(product, 7)
+            .await
+            .filter(|r| r.starts_with("success:"))
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 1);
+    assert_eq!(
+        app.stock_remaining(product).await,
+        9,
+        "stock decremented once"
+    );
+    let dlq = app.ns.topology().dead_letter_queue;
+    assert_eq!(app.ns.queue_depth(&app.channel, &dlq).await, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_second_purchase_by_the_same_user_is_absorbed_by_the_unique_key() {
+    let mut app = spawn_app().await;
+    let product = app.product(10).await;
+    app.publish(&app.message(product, 9)).await;
+    app.publish(&app.message(product, 9)).await;
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 1);
+    assert_eq!(app.stock_remaining(product).await, 9);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unparseable_message_is_dead_lettered_without_an_order() {
+    let app = spawn_app().await;
+    let product = app.product(10).await;
+    app.publish_raw(b"{\"not\": \"an order\"", "garbage").await;
+    let dlq = app.ns.topology().dead_letter_queue;
+    eventually("dead-lettered", Duration::from_secs(20), || async {
+        (app.ns.queue_depth(&app.channel, &dlq).await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(app.order_count(product).await, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_purchase_of_an_unknown_product_is_dead_lettered_and_reported_failed() {
+    let app = spawn_app().await;
+    app.publish(&app.message(987_654, 5)).await;
+    let dlq = app.ns.topology().dead_letter_queue;
+    eventually("dead-lettered", Duration::from_secs(20), || async {
+        (app.ns.queue_depth(&app.channel, &dlq).await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        app.stored_result(987_654, 5).await.as_deref(),
+        Some("failed:unknown_product")
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_database_refuses_to_oversell_even_if_more_purchases_arrive_than_stock() {
+    let mut app = spawn_app().await;
+    let product = app.product(3).await;
+    for user in 1..=5 {
+        app.publish(&app.message(product, user)).await;
+    }
+    let dlq = app.ns.topology().dead_letter_queue;
+    eventually("two dead-lettered", Duration::from_secs(20), || async {
+        (app.ns.queue_depth(&app.channel, &dlq).await == 2).then_some(())
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 3);
+    assert_eq!(app.stock_remaining(product).await, 0);
+    app.shutdown().await;
+}

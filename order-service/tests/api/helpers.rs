@@ -1,0 +1,164 @@
+//! `spawn_app()`: order-service on port 0 in a private namespace, plus a publisher.
+
+use chrono::{Duration as ChronoDuration, Utc};
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Channel, Connection};
+use tokio_util::sync::CancellationToken;
+
+use order_service::{Application, Settings};
+use seckill_config::Secret;
+use seckill_messaging::OrderMessage;
+use seckill_testkit::{INTERNAL_KEY, TestNamespace};
+
+pub struct TestApp {
+    pub address: String,
+    pub ns: TestNamespace,
+    pub db: sqlx::PgPool,
+    pub channel: Channel,
+    _connection: Connection,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    let ns = TestNamespace::new();
+    let settings = Settings {
+        host: "127.0.0.1".into(),
+        port: 0,
+        database_url: Secret::new(&ns.database_url),
+        redis_url: Secret::new(&ns.redis_url),
+        amqp_url: Secret::new(&ns.amqp_url),
+        namespace: ns.namespace.clone(),
+        internal_key: Secret::new(INTERNAL_KEY),
+        startup_patience_secs: 10,
+        requeue_delay_ms: 100,
+        ..Settings::default()
+    };
+    let app = Application::build(settings)
+        .await
+        .expect("build order-service");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let stop = app.shutdown_token();
+    let task = tokio::spawn(app.run_until_stopped());
+    let db = ns.db().await;
+    let (connection, channel) = ns.channel().await;
+    TestApp {
+        address,
+        ns,
+        db,
+        channel,
+        _connection: connection,
+        stop,
+        task: Some(task),
+    }
+}
+
+impl TestApp {
+    /// Inserts a product on sale with `stock` units; returns its id.
+    pub async fn product(&self, stock: i32) -> i64 {
+        let now = Utc::now();
+        sqlx::query_scalar(
+            "INSERT INTO products (name, price_cents, stock_total, stock_remaining, start_at, end_at) \
+             VALUES ('p', 500, $1, $1, $2, $3) RETURNING id",
+        )
+        .bind(stock)
+        .bind(now - ChronoDuration::minutes(1))
+        .bind(now + ChronoDuration::hours(1))
+        .fetch_one(&self.db)
+        .await
+        .expect("insert product")
+    }
+
+    pub fn message(&self, product_id: i64, user_id: i64) -> OrderMessage {
+        OrderMessage {
+            request_id: uuid::Uuid::now_v7(),
+            user_id,
+            product_id,
+            price_cents: 500,
+            created_at: Utc::now(),
+        }
+    }
+
+    /// Publishes raw bytes the way the relay does, waiting for the broker's confirm.
+    pub async fn publish_raw(&self, body: &[u8], message_id: &str) {
+        let topology = self.ns.topology();
+        self.channel
+            .basic_publish(
+                topology.exchange.as_str().into(),
+                topology.routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                BasicProperties::default()
+                    .with_message_id(message_id.into())
+                    .with_delivery_mode(2),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+    }
+
+    pub async fn publish(&self, msg: &OrderMessage) {
+        let body = serde_json::to_vec(msg).expect("serialize");
+        self.publish_raw(&body, &msg.request_id.to_string()).await;
+    }
+
+    pub async fn order_count(&self, product_id: i64) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE product_id = $1")
+            .bind(product_id)
+            .fetch_one(&self.db)
+            .await
+            .expect("count")
+    }
+
+    pub async fn stock_remaining(&self, product_id: i64) -> i32 {
+        sqlx::query_scalar("SELECT stock_remaining FROM products WHERE id = $1")
+            .bind(product_id)
+            .fetch_one(&self.db)
+            .await
+            .expect("stock")
+    }
+
+    pub async fn stored_result(&self, product_id: i64, user_id: i64) -> Option<String> {
+        let mut redis = self.ns.redis().await;
+        redis::cmd("HGET")
+            .arg(self.ns.keys().results(product_id))
+            .arg(user_id)
+            .query_async(&mut redis)
+            .await
+            .expect("hget")
+    }
+
+    /// Waits until the consumer has taken every message, stops the service (which finishes
+    /// and settles what it holds), then checks that nothing went back to the queue: after
+    /// this, the database shows the final effect of everything published.
+    pub async fn stop_when_drained(&mut self) {
+        let queue = self.ns.topology().queue;
+        let wait = std::time::Duration::from_secs(20);
+        seckill_testkit::eventually("queue drained", wait, || async {
+            (self.ns.queue_depth(&self.channel, &queue).await == 0).then_some(())
+        })
+        .await;
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        assert_eq!(
+            self.ns.queue_depth(&self.channel, &queue).await,
+            0,
+            "a message was requeued"
+        );
+    }
+
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+        self.db.close().await;
+        self.ns.cleanup().await;
+    }
+}

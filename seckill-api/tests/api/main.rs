@@ -1,0 +1,5 @@
+//! seckill-api against real Postgres, Redis and RabbitMQ, one namespace per test.
+
+mod helpers;
+mod products;
+mod purchase;
