@@ -1,6 +1,5 @@
 //! Building and running the gateway.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,17 +91,10 @@ impl Application {
 
     /// Serves until SIGINT/SIGTERM or the shutdown token, letting in-flight requests finish.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let cancel = self.cancel.clone();
-        tokio::spawn(seckill_http::shutdown::cancel_on_signal(cancel.clone()));
         tracing::info!(port = self.port, "gateway listening");
-        axum::serve(
-            self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
-        .context("serve http")?;
+        seckill_http::shutdown::serve(self.listener, self.router, self.cancel)
+            .await
+            .context("serve http")?;
         tracing::info!("gateway stopped");
         Ok(())
     }

@@ -25,7 +25,7 @@ use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{OrderMessage, Topology};
+use seckill_messaging::{HEADER_REQUEST_ID, OrderMessage, Topology};
 use seckill_store::{PurchaseResult, RedisKeys};
 
 use crate::orders::{self, Recorded};
@@ -156,15 +156,20 @@ impl OrderConsumer {
         ended
     }
 
-    #[tracing::instrument(skip_all, fields(message_id))]
+    #[tracing::instrument(skip_all, fields(message_id, request_id))]
     async fn handle(&self, delivery: Delivery) {
-        let message_id = delivery
-            .properties
-            .message_id()
+        let properties = &delivery.properties;
+        let message_id = properties.message_id().as_ref().map(|m| m.to_string());
+        // The HTTP request id of the purchase, so one id follows it from gateway to order.
+        let request_id = properties
+            .headers()
             .as_ref()
-            .map(|m| m.to_string())
-            .unwrap_or_default();
-        tracing::Span::current().record("message_id", message_id.as_str());
+            .and_then(|h| h.inner().get(HEADER_REQUEST_ID))
+            .and_then(|v| v.as_long_string())
+            .map(|s| s.to_string());
+        let span = tracing::Span::current();
+        span.record("message_id", message_id.unwrap_or_default().as_str());
+        span.record("request_id", request_id.unwrap_or_default().as_str());
         metrics::counter!("orders_consumed_total").increment(1);
 
         let msg = match serde_json::from_slice::<OrderMessage>(&delivery.data) {

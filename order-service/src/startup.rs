@@ -1,8 +1,7 @@
 //! Building and running order-service: the HTTP server and the consumer under one token.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
 use seckill_messaging::Topology;
-use seckill_store::RedisKeys;
+use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
 use crate::consumer::OrderConsumer;
@@ -49,7 +48,7 @@ impl Application {
                 settings.identity_max_age_ms,
             ),
         };
-        let probes = readiness_probes(db.clone(), connected.clone());
+        let probes = readiness_probes(db.clone(), redis.clone(), connected.clone());
         let router = seckill_http::layers::instrument(
             routes::router(state).merge(ops::router(probes)),
             "order-service",
@@ -91,21 +90,9 @@ impl Application {
     /// deliveries, finishes and acks the ones in hand, and closes the channel.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let cancel = self.cancel.clone();
-        tokio::spawn(seckill_http::shutdown::cancel_on_signal(cancel.clone()));
         let consumer = tokio::spawn(self.consumer.run(cancel.clone()));
         tracing::info!(port = self.port, "order-service listening");
-        let served = axum::serve(
-            self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(cancel.clone().cancelled_owned())
-        .await;
-        cancel.cancel();
-        match &served {
-            Ok(()) => tracing::info!("http server stopped"),
-            Err(e) => tracing::error!(error = %e, "http server failed"),
-        }
+        let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;
         match tokio::time::timeout(Duration::from_secs(15), consumer).await {
             Ok(Ok(Ok(()))) => tracing::info!("consumer finished"),
             Ok(Ok(Err(e))) => tracing::error!(error = format!("{e:#}"), "consumer failed"),
@@ -118,26 +105,17 @@ impl Application {
     }
 }
 
-fn readiness_probes(db: PgPool, consumer: Arc<AtomicBool>) -> Vec<(&'static str, Probe)> {
-    let postgres: Probe = Arc::new(move || {
-        let db = db.clone();
-        Box::pin(async move {
-            sqlx::query("SELECT 1")
-                .execute(&db)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-    });
-    let rabbitmq: Probe = Arc::new(move || {
-        let connected = consumer.load(Ordering::Relaxed);
-        Box::pin(async move {
-            if connected {
-                Ok(())
-            } else {
-                Err("consumer not connected".to_string())
-            }
-        })
-    });
-    vec![("postgres", postgres), ("rabbitmq", rabbitmq)]
+fn readiness_probes(
+    db: PgPool,
+    redis: deadpool_redis::Pool,
+    consumer: Arc<AtomicBool>,
+) -> Vec<(&'static str, Probe)> {
+    vec![
+        ("postgres", probes::postgres(db)),
+        ("redis", probes::redis(redis)),
+        (
+            "rabbitmq",
+            ops::flag_probe(consumer, "consumer not connected"),
+        ),
+    ]
 }

@@ -1,9 +1,8 @@
 //! Building and running seckill-api: connections, the HTTP server and the outbox relay,
 //! all under one cancellation token.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
 use seckill_messaging::Topology;
-use seckill_store::RedisKeys;
+use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
 use crate::catalog::Catalog;
@@ -121,21 +120,9 @@ impl Application {
     /// the outbox for the next start).
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let cancel = self.cancel.clone();
-        tokio::spawn(seckill_http::shutdown::cancel_on_signal(cancel.clone()));
         let relay = tokio::spawn(self.relay.run(cancel.clone()));
         tracing::info!(port = self.port, "seckill-api listening");
-        let served = axum::serve(
-            self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(cancel.clone().cancelled_owned())
-        .await;
-        cancel.cancel();
-        match &served {
-            Ok(()) => tracing::info!("http server stopped"),
-            Err(e) => tracing::error!(error = %e, "http server failed"),
-        }
+        let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;
         match tokio::time::timeout(Duration::from_secs(10), relay).await {
             Ok(Ok(Ok(()))) => tracing::info!("relay finished"),
             Ok(Ok(Err(e))) => tracing::error!(error = format!("{e:#}"), "relay failed"),
@@ -153,40 +140,9 @@ fn readiness_probes(
     redis: deadpool_redis::Pool,
     broker: Arc<AtomicBool>,
 ) -> Vec<(&'static str, Probe)> {
-    let postgres: Probe = Arc::new(move || {
-        let db = db.clone();
-        Box::pin(async move {
-            sqlx::query("SELECT 1")
-                .execute(&db)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-    });
-    let redis: Probe = Arc::new(move || {
-        let redis = redis.clone();
-        Box::pin(async move {
-            let mut conn = redis.get().await.map_err(|e| e.to_string())?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut conn)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-    });
-    let rabbitmq: Probe = Arc::new(move || {
-        let connected = broker.load(Ordering::Relaxed);
-        Box::pin(async move {
-            if connected {
-                Ok(())
-            } else {
-                Err("relay not connected".to_string())
-            }
-        })
-    });
     vec![
-        ("postgres", postgres),
-        ("redis", redis),
-        ("rabbitmq", rabbitmq),
+        ("postgres", probes::postgres(db)),
+        ("redis", probes::redis(redis)),
+        ("rabbitmq", ops::flag_probe(broker, "relay not connected")),
     ]
 }

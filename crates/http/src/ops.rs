@@ -33,6 +33,14 @@ pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe
         .route("/metrics", get(render_metrics))
 }
 
+/// A probe that passes while `flag` is set (e.g. "the consumer holds a channel").
+pub fn flag_probe(flag: Arc<std::sync::atomic::AtomicBool>, failure: &'static str) -> Probe {
+    Arc::new(move || {
+        let up = flag.load(std::sync::atomic::Ordering::Relaxed);
+        Box::pin(async move { if up { Ok(()) } else { Err(failure.to_string()) } })
+    })
+}
+
 async fn readiness(probes: &[(&'static str, Probe)]) -> Response {
     let mut report = serde_json::Map::new();
     let mut ready = true;

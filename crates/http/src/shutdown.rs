@@ -1,6 +1,33 @@
 //! Process shutdown: SIGINT or SIGTERM cancels one token that every task watches.
 
+use std::net::SocketAddr;
+
+use axum::Router;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// Serves `router` on `listener` until SIGINT/SIGTERM or `token` is cancelled, then stops
+/// accepting and lets in-flight requests finish. Cancels `token` on the way out either way,
+/// so sibling tasks watching it stop too. Peer addresses are available as `ConnectInfo`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    token: CancellationToken,
+) -> std::io::Result<()> {
+    tokio::spawn(cancel_on_signal(token.clone()));
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(token.clone().cancelled_owned())
+    .await;
+    token.cancel();
+    match &served {
+        Ok(()) => tracing::info!("http server stopped"),
+        Err(e) => tracing::error!(error = %e, "http server failed"),
+    }
+    served
+}
 
 /// Cancels `token` on the first SIGINT or SIGTERM; returns when either arrives or the
 /// token is cancelled by someone else (a test stopping the app).

@@ -8,6 +8,7 @@
 
 pub mod keys;
 pub mod postgres;
+pub mod probes;
 pub mod result;
 
 pub use keys::RedisKeys;

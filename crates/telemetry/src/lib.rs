@@ -25,7 +25,7 @@ pub fn init_tracing(service: &str, filter: &str, format: &str) {
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .with_span_list(false)
+            .with_span_list(true)
             .try_init()
     };
     if result.is_ok() {
