@@ -13,4 +13,12 @@ require_cargo
 
 cd "$ROOT"
 say "cargo test --workspace $*"
-exec cargo test --workspace "$@"
+# Keep cargo's output as it is, then close with one total over every test binary (the last
+# binary cargo runs is usually a doc-test one with 0 tests, which says nothing on its own).
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+totals=$(awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed", passed, failed }' "$log")
+echo "tests: $totals"
+exit "$status"
