@@ -18,12 +18,18 @@ pub enum ApiError {
     /// 409: this user already holds a unit of this product.
     #[error("already purchased")]
     AlreadyPurchased,
+    /// 409: the first request with this `Idempotency-Key` has not finished yet.
+    #[error("request in progress")]
+    RequestInProgress,
     /// 410: nothing left.
     #[error("sold out")]
     SoldOut,
     /// 422: outside the product's sale window.
     #[error("the sale is not active")]
     ActivityNotActive,
+    /// 422: the `Idempotency-Key` was first used for another product.
+    #[error("idempotency key reused")]
+    IdempotencyKeyReused,
     /// 503: a dependency is unavailable or a stock load is still in progress; retry soon.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
@@ -50,48 +56,73 @@ impl From<deadpool_redis::PoolError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        match self {
+impl ApiError {
+    /// Status, stable code and client-facing message. Causes of 5xx stay in the logs.
+    pub fn parts(&self) -> (StatusCode, &'static str, String) {
+        let (status, code, message) = match self {
             Self::InvalidRequest(message) => {
-                error_response(StatusCode::BAD_REQUEST, "invalid_request", message)
+                (StatusCode::BAD_REQUEST, "invalid_request", message.as_str())
             }
-            Self::ProductNotFound => error_response(
+            Self::ProductNotFound => (
                 StatusCode::NOT_FOUND,
                 "product_not_found",
                 "no such product",
             ),
-            Self::AlreadyPurchased => error_response(
+            Self::AlreadyPurchased => (
                 StatusCode::CONFLICT,
                 "already_purchased",
                 "you already bought this product",
             ),
-            Self::SoldOut => error_response(StatusCode::GONE, "sold_out", "sold out"),
-            Self::ActivityNotActive => error_response(
+            Self::RequestInProgress => (
+                StatusCode::CONFLICT,
+                "request_in_progress",
+                "a request with this Idempotency-Key is still being processed",
+            ),
+            Self::SoldOut => (StatusCode::GONE, "sold_out", "sold out"),
+            Self::ActivityNotActive => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "activity_not_active",
                 "the sale is not open now",
             ),
-            Self::Unavailable(cause) => {
-                tracing::warn!(%cause, "answering 503");
-                let mut response = error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "temporarily unavailable, retry shortly",
-                );
-                response
-                    .headers_mut()
-                    .insert(RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
-                response
-            }
-            Self::Internal(cause) => {
-                tracing::error!(error = ?cause, "internal error");
-                error_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "internal error",
-                )
-            }
+            Self::IdempotencyKeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "this Idempotency-Key was used for another product",
+            ),
+            Self::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "temporarily unavailable, retry shortly",
+            ),
+            Self::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            ),
+        };
+        (status, code, message.to_string())
+    }
+
+    /// Whether a retry may answer differently (so an idempotent replay must not pin it).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Internal(_))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            Self::Unavailable(cause) => tracing::warn!(%cause, "answering 503"),
+            Self::Internal(cause) => tracing::error!(error = ?cause, "internal error"),
+            _ => {}
         }
+        let (status, code, message) = self.parts();
+        let mut response = error_response(status, code, message);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }

@@ -12,11 +12,13 @@
 //! - [`catalog`] — products in Postgres behind a Moka L1 cache.
 //! - [`stock`] — the Redis stock engine: lazy loading under a lock, the purchase Lua.
 //! - [`relay`] — the outbox → RabbitMQ relay.
+//! - [`idempotency`] — `Idempotency-Key` replays.
 //! - [`routes`] — HTTP handlers; [`error`]: the one error type they return.
 
 pub mod catalog;
 pub mod config;
 pub mod error;
+pub mod idempotency;
 pub mod relay;
 pub mod routes;
 pub mod startup;

@@ -19,6 +19,7 @@ use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
 use crate::catalog::Catalog;
+use crate::idempotency::Idempotency;
 use crate::relay::Relay;
 use crate::state::{AppState, SOLD_OUT_FLAG_TTL};
 use crate::stock::StockEngine;
@@ -63,6 +64,7 @@ impl Application {
                 Duration::from_millis(settings.load_lock_ttl_ms),
                 Duration::from_millis(settings.load_wait_ms),
             ),
+            idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),
             keys: keys.clone(),
             signer: IdentitySigner::new(

@@ -11,6 +11,7 @@ use seckill_auth::IdentitySigner;
 use seckill_store::RedisKeys;
 
 use crate::catalog::Catalog;
+use crate::idempotency::Idempotency;
 use crate::stock::StockEngine;
 
 /// Handles shared by all handlers.
@@ -29,6 +30,8 @@ pub struct AppState {
     /// Products this replica saw sold out recently: answered 410 without Redis. Short-lived,
     /// because a cancelled order can put a unit back.
     pub sold_out: Cache<i64, ()>,
+    /// `Idempotency-Key` records.
+    pub idempotency: Idempotency,
     /// Wakes the outbox relay after an accepted purchase.
     pub relay_wakeup: Arc<Notify>,
 }

@@ -54,6 +54,12 @@ impl RedisKeys {
         format!("{}:outboxes", self.ns)
     }
 
+    /// A purchase's `Idempotency-Key` record, scoped to its user (one key per user, whatever
+    /// the product, so reusing a key for another product is detectable).
+    pub fn idempotency(&self, user_id: i64, key: &str) -> String {
+        format!("{}:idem:{{u{}}}:{}", self.ns, user_id, key)
+    }
+
     /// A `SCAN` pattern matching every key of the namespace (test clean-up).
     pub fn pattern(&self) -> String {
         format!("{}:*", self.ns)

@@ -2,17 +2,25 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use uuid::Uuid;
 
 use seckill_auth::Identity;
-use seckill_http::PathId;
+use seckill_http::{ErrorBody, PathId};
 use seckill_messaging::OrderMessage;
 use seckill_store::PurchaseResult;
 
 use crate::error::ApiError;
+use crate::idempotency::{Claim, Idempotency};
 use crate::state::AppState;
+
+/// The client's idempotency key header.
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Set on a response that replays an earlier answer.
+const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 use crate::stock::{Decision, PurchaseRequest};
 
 /// The 202 body.
@@ -22,15 +30,88 @@ pub struct Accepted {
     status: &'static str,
 }
 
-/// Decides a purchase: window, sold-out flag, then the atomic Redis step.
+/// Decides a purchase: window, sold-out flag, then the atomic Redis step. With an
+/// `Idempotency-Key`, a repeated request gets the first answer back (see `idempotency`).
 #[tracing::instrument(skip_all, fields(product_id = product_id, user_id = identity.user_id))]
 pub async fn purchase(
     State(state): State<AppState>,
     identity: Identity,
     PathId(product_id): PathId,
     headers: HeaderMap,
-) -> Result<(StatusCode, Json<Accepted>), ApiError> {
-    let outcome = decide(&state, &identity, product_id, &headers).await;
+) -> Response {
+    let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
+        return respond(run(&state, &identity, product_id, &headers).await);
+    };
+    // A value that is not text fails validation like an empty one.
+    let key = key.to_str().unwrap_or_default();
+    if let Err(e) = Idempotency::validate(key) {
+        return e.into_response();
+    }
+    let user_id = identity.user_id;
+    match state.idempotency.claim(user_id, key, product_id).await {
+        Err(e) => e.into_response(),
+        Ok(Claim::Replay { status, body }) => {
+            metrics::counter!("seckill_idempotent_replays_total").increment(1);
+            let headers = [
+                (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                (IDEMPOTENT_REPLAYED, HeaderValue::from_static("true")),
+            ];
+            (status, headers, body).into_response()
+        }
+        Ok(Claim::Fresh) => {
+            let outcome = run(&state, &identity, product_id, &headers).await;
+            let stored = match &outcome {
+                Err(e) if e.is_transient() => state.idempotency.release(user_id, key).await,
+                Ok(request_id) => {
+                    let body = accepted_body(*request_id);
+                    let json = serde_json::to_string(&body).unwrap_or_default();
+                    let idem = &state.idempotency;
+                    idem.complete(user_id, key, product_id, StatusCode::ACCEPTED, &json)
+                        .await
+                }
+                Err(e) => {
+                    let (status, code, message) = e.parts();
+                    let body = ErrorBody {
+                        code: code.to_string(),
+                        message,
+                    };
+                    let json = serde_json::to_string(&body).unwrap_or_default();
+                    let idem = &state.idempotency;
+                    idem.complete(user_id, key, product_id, status, &json).await
+                }
+            };
+            if let Err(e) = stored {
+                // The purchase itself is decided; a retry will see "in progress" until the
+                // pending record expires, never a second purchase.
+                tracing::warn!(error = %e, "could not store the idempotent answer");
+            }
+            respond(outcome)
+        }
+    }
+}
+
+fn accepted_body(request_id: Uuid) -> Accepted {
+    Accepted {
+        request_id,
+        status: "queued",
+    }
+}
+
+fn respond(outcome: Result<Uuid, ApiError>) -> Response {
+    match outcome {
+        Ok(request_id) => (StatusCode::ACCEPTED, Json(accepted_body(request_id))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Runs one purchase decision and counts its outcome.
+async fn run(
+    state: &AppState,
+    identity: &Identity,
+    product_id: i64,
+    headers: &HeaderMap,
+) -> Result<Uuid, ApiError> {
+    let outcome = decide(state, identity, product_id, headers).await;
     let label = match &outcome {
         Ok(_) => "accepted",
         Err(ApiError::SoldOut) => "sold_out",
@@ -40,15 +121,10 @@ pub async fn purchase(
         Err(_) => "error",
     };
     metrics::counter!("seckill_purchases_total", "outcome" => label).increment(1);
-    let request_id = outcome?;
-    state.relay_wakeup.notify_one();
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(Accepted {
-            request_id,
-            status: "queued",
-        }),
-    ))
+    if outcome.is_ok() {
+        state.relay_wakeup.notify_one();
+    }
+    outcome
 }
 
 async fn decide(
