@@ -121,6 +121,11 @@ impl Catalog {
         Self { db, cache }
     }
 
+    /// The database pool, for queries beyond products.
+    pub fn db(&self) -> &PgPool {
+        &self.db
+    }
+
     /// The product, from the cache or Postgres. Concurrent misses share one query.
     pub async fn get(&self, id: i64) -> Result<Option<Product>, sqlx::Error> {
         let db = self.db.clone();

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use seckill_testkit::eventually;
 
-use crate::helpers::{assert_error, spawn_platform, user_token};
+use crate::helpers::{admin_token, assert_error, spawn_platform, user_token};
 
 #[tokio::test]
 async fn a_purchase_through_the_gateway_becomes_an_order_the_buyer_can_see() {
@@ -121,6 +121,21 @@ async fn a_burst_of_buyers_gets_exactly_the_stock_as_orders() {
         .await
         .expect("stock");
     assert_eq!(remaining, 0);
+
+    // Once quiet, the reconciliation endpoint accounts for every unit.
+    let report: Value = eventually("nothing in flight", Duration::from_secs(30), || async {
+        let body: Value = platform
+            .get(&format!("/admin/products/{product}/stock"), &admin_token())
+            .await
+            .json()
+            .await
+            .ok()?;
+        (body["in_flight"] == 0).then_some(body)
+    })
+    .await;
+    assert_eq!(report["orders"], stock);
+    assert_eq!(report["redis_remaining"], 0);
+    assert_eq!(report["drift"], 0);
     db.close().await;
     platform.shutdown().await;
 }

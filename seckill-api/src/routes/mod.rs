@@ -2,6 +2,7 @@
 
 mod products;
 mod purchase;
+mod reconcile;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -16,5 +17,6 @@ pub fn router(state: AppState) -> Router {
         .route("/api/products", get(products::list))
         .route("/api/products/{product_id}", get(products::get))
         .route("/admin/products", post(products::create))
+        .route("/admin/products/{product_id}/stock", get(reconcile::stock))
         .with_state(state)
 }

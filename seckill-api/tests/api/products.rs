@@ -134,3 +134,45 @@ async fn ops_endpoints_answer() {
     .await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_stock_report_accounts_for_every_unit() {
+    let app = spawn_app().await;
+    let product = app.create_product(6).await;
+    let report = |app: &crate::helpers::TestApp| {
+        let request = app
+            .client
+            .get(format!("{}/admin/products/{product}/stock", app.address))
+            .headers(identity_headers(1, &["admin"]));
+        async move {
+            let response = request.send().await.expect("request");
+            assert_eq!(response.status(), 200);
+            response.json::<Value>().await.expect("json")
+        }
+    };
+    let before = report(&app).await;
+    assert_eq!(before["loaded"], false);
+    assert_eq!(before["redis_remaining"], 6);
+    assert_eq!(before["drift"], 0);
+
+    for user in [1, 2] {
+        assert_eq!(app.purchase(product, user).await.status(), 202);
+    }
+    // No order-service runs here: both purchases stay in flight.
+    let after = report(&app).await;
+    assert_eq!(after["loaded"], true);
+    assert_eq!(after["redis_remaining"], 4);
+    assert_eq!(after["in_flight"], 2);
+    assert_eq!(after["orders"], 0);
+    assert_eq!(after["drift"], 0);
+
+    let as_user = app
+        .client
+        .get(format!("{}/admin/products/{product}/stock", app.address))
+        .headers(identity_headers(5, &[]))
+        .send()
+        .await
+        .expect("request");
+    assert_error(as_user, 403, "forbidden").await;
+    app.shutdown().await;
+}
