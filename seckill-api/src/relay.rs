@@ -233,8 +233,9 @@ impl Relay {
         }
     }
 
-    /// Publishes `entries` with all confirms in flight together, then acks and deletes the
-    /// confirmed ones. Returns how many were confirmed; fails if any was not.
+    /// Publishes `entries` with all confirms in flight together, then acks and deletes them
+    /// if every one was confirmed and routed. Returns how many; fails (keeping all of them
+    /// pending) if any was not.
     async fn publish(
         &self,
         channel: &Channel,
@@ -287,6 +288,13 @@ impl Relay {
                 Confirmation::Nack(_) | Confirmation::NotRequested => failed += 1,
             }
         }
+        if failed > 0 {
+            // lapin pairs a returned message with whichever confirm resolves next, so which
+            // entry was lost is unknowable: keep the whole batch for replay (order-service
+            // absorbs the duplicates this causes).
+            metrics::counter!("outbox_publish_failures_total").increment(failed as u64);
+            anyhow::bail!("{failed} outbox entries were not confirmed by the broker");
+        }
         if !confirmed.is_empty() {
             redis::pipe()
                 .atomic()
@@ -302,10 +310,6 @@ impl Relay {
                 .query_async::<()>(conn)
                 .await?;
             metrics::counter!("outbox_relayed_total").increment(confirmed.len() as u64);
-        }
-        if failed > 0 {
-            metrics::counter!("outbox_publish_failures_total").increment(failed as u64);
-            anyhow::bail!("{failed} outbox entries were not confirmed by the broker");
         }
         Ok(confirmed.len())
     }

@@ -20,7 +20,27 @@ pub struct RouteLabel(pub &'static str);
 /// The request id header, created when absent and echoed on the response.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Wraps `router` (outermost first): set a request id if the caller sent none → a tracing
+/// Whether a caller-sent request id is safe to keep: it travels into logs, Redis and AMQP
+/// headers, so it must be short and plain (an oversize one could exceed an AMQP frame).
+pub fn is_usable_request_id(id: &[u8]) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+async fn drop_unusable_request_id(mut req: Request, next: Next) -> Response {
+    if let Some(id) = req.headers().get(&REQUEST_ID)
+        && !is_usable_request_id(id.as_bytes())
+    {
+        req.headers_mut().remove(&REQUEST_ID);
+    }
+    next.run(req).await
+}
+
+/// Wraps `router` (outermost first): drop a caller's request id that is not short and plain →
+/// set a request id if there is none → a tracing
 /// span carrying it, so every log line of the request has it → echo it on the response →
 /// a panic becomes a JSON 500 instead of a dropped connection → per-route metrics.
 pub fn instrument(router: Router, service: &'static str) -> Router {
@@ -30,6 +50,7 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
         }))
         .layer(
             ServiceBuilder::new()
+                .layer(middleware::from_fn(drop_unusable_request_id))
                 .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
                 .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
                     let request_id = req
@@ -78,4 +99,20 @@ async fn record_metrics(service: &'static str, req: Request, next: Next) -> Resp
         "method" => method)
     .record(started.elapsed().as_secs_f64());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_short_plain_request_ids_are_kept() {
+        assert!(is_usable_request_id(
+            b"0193c2a4-7d1e-7f00-9c1a-1b2c3d4e5f60"
+        ));
+        assert!(!is_usable_request_id(b""));
+        assert!(!is_usable_request_id(&[b'a'; 129]));
+        assert!(!is_usable_request_id(b"has space"));
+        assert!(!is_usable_request_id(b"new\nline"));
+    }
 }

@@ -142,3 +142,44 @@ async fn gateway_metrics_count_proxied_requests() {
     );
     platform.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_oversize_or_odd_request_id_is_replaced_not_propagated() {
+    let platform = spawn_platform().await;
+    let product = platform.create_product(5, -60).await;
+    let hostile = "x".repeat(20_000);
+    let response = platform
+        .client
+        .post(format!("{}/api/seckill/{product}", platform.gateway))
+        .bearer_auth(user_token(21))
+        .header("x-request-id", &hostile)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 202);
+    let echoed = response
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("a request id")
+        .to_string();
+    assert_ne!(echoed, hostile);
+    assert!(echoed.len() <= 128);
+
+    // The purchase still becomes an order: the relay was not poisoned by the header.
+    let db = platform.ns.db().await;
+    eventually("order written", Duration::from_secs(30), || {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT user_id FROM orders WHERE product_id = $1")
+                .bind(product)
+                .fetch_optional(&db)
+                .await
+                .ok()
+                .flatten()
+        }
+    })
+    .await;
+    db.close().await;
+    platform.shutdown().await;
+}

@@ -94,7 +94,7 @@ impl StockEngine {
         for _ in 0..3 {
             let started = Instant::now();
             let mut conn = self.redis.get().await?;
-            let code: i64 = self
+            let invoked: redis::RedisResult<i64> = self
                 .purchase
                 .key(self.keys.stock(id))
                 .key(self.keys.buyers(id))
@@ -102,11 +102,23 @@ impl StockEngine {
                 .key(self.keys.results(id))
                 .arg(req.user_id)
                 .arg(req.request_id.to_string())
-                .arg(chrono::Utc::now().timestamp_millis())
                 .arg(req.payload)
                 .arg(req.http_request_id)
                 .invoke_async(&mut conn)
-                .await?;
+                .await;
+            let code = match invoked {
+                Ok(code) => code,
+                Err(e) => {
+                    drop(conn);
+                    // A timeout or a dropped connection loses the answer, not necessarily the
+                    // effect: if the script ran, this purchase holds a unit and must get 202.
+                    if self.was_accepted(req).await {
+                        tracing::warn!(error = %e, "purchase script answer lost, but it ran");
+                        return Ok(Decision::Accepted);
+                    }
+                    return Err(e.into());
+                }
+            };
             // Give the connection back before a load, which needs connections of its own:
             // holding one while waiting for another starves the pool under a burst.
             drop(conn);
@@ -125,6 +137,21 @@ impl StockEngine {
             }
         }
         Err(ApiError::Unavailable("stock did not load".into()))
+    }
+
+    /// Whether the purchase script recorded this very request (its result says queued with
+    /// this request id, or the order already exists for it).
+    async fn was_accepted(&self, req: &PurchaseRequest<'_>) -> bool {
+        let Ok(mut conn) = self.redis.get().await else {
+            return false;
+        };
+        let stored: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.results(req.product.id))
+            .arg(req.user_id)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(None);
+        stored.as_deref() == Some(format!("queued:{}", req.request_id).as_str())
     }
 
     /// Units left in Redis, or `None` when the stock is not loaded.
