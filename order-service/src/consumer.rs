@@ -9,12 +9,13 @@
 //! - a permanent failure (unparseable body, unknown product, no stock in the database) is
 //!   rejected without requeue, so the queue's dead-letter exchange keeps it for the operator.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
@@ -117,8 +118,7 @@ impl OrderConsumer {
                 _ = cancel.cancelled() => break Ok(()),
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
-                        let this = self.clone();
-                        in_flight.spawn(async move { this.handle(delivery).await });
+                        in_flight.spawn(self.clone().settle_even_on_panic(delivery));
                     }
                     Some(Err(e)) => break Err(anyhow::Error::from(e).context("delivery stream")),
                     None => break Err(anyhow::anyhow!("delivery stream ended")),
@@ -138,8 +138,7 @@ impl OrderConsumer {
                 .await;
             let buffered = async {
                 while let Some(Ok(delivery)) = deliveries.next().await {
-                    let this = self.clone();
-                    in_flight.spawn(async move { this.handle(delivery).await });
+                    in_flight.spawn(self.clone().settle_even_on_panic(delivery));
                 }
             };
             if tokio::time::timeout(Duration::from_secs(5), buffered)
@@ -154,6 +153,19 @@ impl OrderConsumer {
         let _ = channel.close(200, "order-service stopping".into()).await;
         let _ = connection.close(200, "order-service stopping".into()).await;
         ended
+    }
+
+    /// Handles one delivery; if that panics (a bug), dead-letters it rather than leaving it
+    /// unacked — lapin does not settle a dropped delivery, so it would hold a prefetch slot
+    /// until the channel closes and then be redelivered into the same panic.
+    async fn settle_even_on_panic(self, delivery: Delivery) {
+        let acker = delivery.acker.clone();
+        let handled = AssertUnwindSafe(self.handle(delivery)).catch_unwind().await;
+        if handled.is_err() {
+            tracing::error!("order handler panicked, dead-lettering the message");
+            metrics::counter!("orders_dead_lettered_total", "reason" => "panic").increment(1);
+            let _ = acker.reject(BasicRejectOptions { requeue: false }).await;
+        }
     }
 
     #[tracing::instrument(skip_all, fields(message_id, request_id))]
