@@ -100,12 +100,7 @@ impl IdentitySigner {
         let roles: Vec<&str> = roles
             .iter()
             .map(String::as_str)
-            .filter(|r| {
-                !r.is_empty()
-                    && r.bytes().all(|b| {
-                        b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':')
-                    })
-            })
+            .filter(|r| seckill_http::is_plain_token(r.as_bytes()))
             .collect();
         let roles = roles.join(",");
         let ts = chrono::Utc::now().timestamp_millis();

@@ -23,11 +23,7 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Whether a caller-sent request id is safe to keep: it travels into logs, Redis and AMQP
 /// headers, so it must be short and plain (an oversize one could exceed an AMQP frame).
 pub fn is_usable_request_id(id: &[u8]) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    id.len() <= 128 && crate::is_plain_token(id)
 }
 
 async fn drop_unusable_request_id(mut req: Request, next: Next) -> Response {

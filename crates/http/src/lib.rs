@@ -13,3 +13,12 @@ pub mod ops;
 pub mod shutdown;
 
 pub use error::{ErrorBody, JsonBody, PathId, error_response};
+
+/// Whether `text` is a non-empty run of ASCII letters, digits and `-_.:` — safe to carry in
+/// a header, a log field, a comma-separated list or an AMQP header without escaping.
+pub fn is_plain_token(text: &[u8]) -> bool {
+    !text.is_empty()
+        && text
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
