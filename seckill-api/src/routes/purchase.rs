@@ -16,12 +16,12 @@ use seckill_store::PurchaseResult;
 use crate::error::ApiError;
 use crate::idempotency::{Claim, Idempotency};
 use crate::state::AppState;
+use crate::stock::{Decision, PurchaseRequest};
 
 /// The client's idempotency key header.
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Set on a response that replays an earlier answer.
 const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-use crate::stock::{Decision, PurchaseRequest};
 
 /// The 202 body.
 #[derive(Debug, Serialize)]
@@ -60,24 +60,12 @@ pub async fn purchase(
         }
         Ok(Claim::Fresh) => {
             let outcome = run(&state, &identity, product_id, &headers).await;
+            let idem = &state.idempotency;
             let stored = match &outcome {
-                Err(e) if e.is_transient() => state.idempotency.release(user_id, key).await,
-                Ok(request_id) => {
-                    let body = accepted_body(*request_id);
-                    let json = serde_json::to_string(&body).unwrap_or_default();
-                    let idem = &state.idempotency;
-                    idem.complete(user_id, key, product_id, StatusCode::ACCEPTED, &json)
-                        .await
-                }
-                Err(e) => {
-                    let (status, code, message) = e.parts();
-                    let body = ErrorBody {
-                        code: code.to_string(),
-                        message,
-                    };
-                    let json = serde_json::to_string(&body).unwrap_or_default();
-                    let idem = &state.idempotency;
-                    idem.complete(user_id, key, product_id, status, &json).await
+                Err(e) if e.is_transient() => idem.release(user_id, key).await,
+                _ => {
+                    let (status, body) = answer_body(&outcome);
+                    idem.complete(user_id, key, product_id, status, &body).await
                 }
             };
             if let Err(e) = stored {
@@ -95,6 +83,26 @@ fn accepted_body(request_id: Uuid) -> Accepted {
         request_id,
         status: "queued",
     }
+}
+
+/// The status and JSON body a replay of `outcome` sends.
+fn answer_body(outcome: &Result<Uuid, ApiError>) -> (StatusCode, String) {
+    let (status, body) = match outcome {
+        Ok(request_id) => (
+            StatusCode::ACCEPTED,
+            serde_json::to_string(&accepted_body(*request_id)),
+        ),
+        Err(e) => {
+            let (status, code, message) = e.parts();
+            let body = ErrorBody {
+                code: code.to_string(),
+                message,
+            };
+            (status, serde_json::to_string(&body))
+        }
+    };
+    // Serialising these plain structs cannot fail.
+    (status, body.unwrap_or_default())
 }
 
 fn respond(outcome: Result<Uuid, ApiError>) -> Response {

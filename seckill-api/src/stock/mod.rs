@@ -106,10 +106,12 @@ impl StockEngine {
                 .arg(req.http_request_id)
                 .invoke_async(&mut conn)
                 .await;
+            // Give the connection back before a load or a check, which need connections of
+            // their own: holding one while waiting for another starves the pool in a burst.
+            drop(conn);
             let code = match invoked {
                 Ok(code) => code,
                 Err(e) => {
-                    drop(conn);
                     // A timeout or a dropped connection loses the answer, not necessarily the
                     // effect: if the script ran, this purchase holds a unit and must get 202.
                     if self.was_accepted(req).await {
@@ -119,9 +121,6 @@ impl StockEngine {
                     return Err(e.into());
                 }
             };
-            // Give the connection back before a load, which needs connections of its own:
-            // holding one while waiting for another starves the pool under a burst.
-            drop(conn);
             metrics::histogram!("seckill_lua_seconds").record(started.elapsed().as_secs_f64());
             match code {
                 1 => return Ok(Decision::Accepted),
@@ -139,8 +138,10 @@ impl StockEngine {
         Err(ApiError::Unavailable("stock did not load".into()))
     }
 
-    /// Whether the purchase script recorded this very request (its result says queued with
-    /// this request id, or the order already exists for it).
+    /// Whether the purchase script recorded this very request: the buyer's result says
+    /// queued with this request id. (If order-service already turned it into `success`
+    /// within the timeout, this says no and the buyer gets a 503 for a purchase that
+    /// stands; the result endpoint still shows it.)
     async fn was_accepted(&self, req: &PurchaseRequest<'_>) -> bool {
         let Ok(mut conn) = self.redis.get().await else {
             return false;
