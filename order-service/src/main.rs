@@ -5,8 +5,12 @@ use order_service::{Application, Settings};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("order")?;
-    seckill_telemetry::init_tracing("order-service", &settings.log_filter, &settings.log_format);
-    if settings.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
+    seckill_telemetry::init_tracing(
+        "order-service",
+        &settings.backend.log_filter,
+        &settings.backend.log_format,
+    );
+    if settings.backend.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
         tracing::warn!("running with the development internal key; set SECKILL_INTERNAL_KEY");
     }
     tracing::info!(?settings, "starting");

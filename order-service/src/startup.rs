@@ -33,19 +33,21 @@ impl Application {
     /// The consumer connects to RabbitMQ in the background; `/readyz` reports it.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let db = seckill_store::postgres::connect_and_migrate(
-            settings.database_url.expose(),
+            settings.backend.database_url.expose(),
             settings.db_pool_size,
-            Duration::from_secs(settings.startup_patience_secs),
+            Duration::from_secs(settings.backend.startup_patience_secs),
         )
         .await?;
-        let redis =
-            seckill_store::redis_pool(settings.redis_url.expose(), settings.redis_pool_size)?;
+        let redis = seckill_store::redis_pool(
+            settings.backend.redis_url.expose(),
+            settings.redis_pool_size,
+        )?;
         let connected = Arc::new(AtomicBool::new(false));
         let state = AppState {
             db: db.clone(),
             signer: IdentitySigner::new(
-                settings.internal_key.expose(),
-                settings.identity_max_age_ms,
+                settings.backend.internal_key.expose(),
+                settings.backend.identity_max_age_ms,
             ),
         };
         let probes = readiness_probes(db.clone(), redis.clone(), connected.clone());
@@ -53,16 +55,16 @@ impl Application {
             routes::router(state).merge(ops::router(probes)),
             "order-service",
         );
-        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+        let listener = TcpListener::bind((settings.backend.host.as_str(), settings.port))
             .await
-            .with_context(|| format!("bind {}:{}", settings.host, settings.port))?;
+            .with_context(|| format!("bind {}:{}", settings.backend.host, settings.port))?;
         let port = listener.local_addr()?.port();
         let consumer = OrderConsumer {
             db,
             redis,
-            keys: RedisKeys::new(&settings.namespace),
-            amqp_url: settings.amqp_url.expose().to_string(),
-            topology: Topology::new(&settings.namespace),
+            keys: RedisKeys::new(&settings.backend.namespace),
+            amqp_url: settings.backend.amqp_url.expose().to_string(),
+            topology: Topology::new(&settings.backend.namespace),
             prefetch: settings.prefetch,
             requeue_delay: Duration::from_millis(settings.requeue_delay_ms),
             connected,

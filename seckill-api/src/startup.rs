@@ -39,16 +39,18 @@ impl Application {
     /// Redis pool and binds the port. RabbitMQ is not needed to start: the relay connects
     /// in the background and `/readyz` reports it.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let patience = Duration::from_secs(settings.startup_patience_secs);
+        let patience = Duration::from_secs(settings.backend.startup_patience_secs);
         let db = seckill_store::postgres::connect_and_migrate(
-            settings.database_url.expose(),
+            settings.backend.database_url.expose(),
             settings.db_pool_size,
             patience,
         )
         .await?;
-        let redis =
-            seckill_store::redis_pool(settings.redis_url.expose(), settings.redis_pool_size)?;
-        let keys = RedisKeys::new(&settings.namespace);
+        let redis = seckill_store::redis_pool(
+            settings.backend.redis_url.expose(),
+            settings.redis_pool_size,
+        )?;
+        let keys = RedisKeys::new(&settings.backend.namespace);
         let relay_wakeup = Arc::new(Notify::new());
         let broker_connected = Arc::new(AtomicBool::new(false));
 
@@ -68,8 +70,8 @@ impl Application {
             redis: redis.clone(),
             keys: keys.clone(),
             signer: IdentitySigner::new(
-                settings.internal_key.expose(),
-                settings.identity_max_age_ms,
+                settings.backend.internal_key.expose(),
+                settings.backend.identity_max_age_ms,
             ),
             sold_out: Cache::builder()
                 .max_capacity(10_000)
@@ -83,15 +85,15 @@ impl Application {
             "seckill-api",
         );
 
-        let listener = TcpListener::bind((settings.host.as_str(), settings.port))
+        let listener = TcpListener::bind((settings.backend.host.as_str(), settings.port))
             .await
-            .with_context(|| format!("bind {}:{}", settings.host, settings.port))?;
+            .with_context(|| format!("bind {}:{}", settings.backend.host, settings.port))?;
         let port = listener.local_addr()?.port();
         let relay = Relay {
             redis,
             keys,
-            amqp_url: settings.amqp_url.expose().to_string(),
-            topology: Topology::new(&settings.namespace),
+            amqp_url: settings.backend.amqp_url.expose().to_string(),
+            topology: Topology::new(&settings.backend.namespace),
             batch: settings.relay_batch,
             reclaim_idle: Duration::from_millis(settings.relay_reclaim_idle_ms),
             wakeup: relay_wakeup,

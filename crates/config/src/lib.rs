@@ -50,6 +50,57 @@ where
     Ok(settings)
 }
 
+/// What seckill-api and order-service both read: where the stores are, the namespace, the
+/// gateway's identity key, logging. Each service flattens it into its own `Settings`
+/// (`#[serde(flatten)]`), so the variable names stay flat: `SECKILL_DATABASE_URL`, ….
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackendSettings {
+    /// Interface to bind.
+    pub host: String,
+    /// Postgres, including the database name (created if missing).
+    pub database_url: Secret,
+    /// Redis.
+    pub redis_url: Secret,
+    /// RabbitMQ.
+    pub amqp_url: Secret,
+    /// Prefix of every Redis key and AMQP name: isolates tests and tenants.
+    pub namespace: String,
+    /// Key of the gateway's identity signature (shared with the gateway).
+    pub internal_key: Secret,
+    /// How old a gateway identity signature may be.
+    pub identity_max_age_ms: i64,
+    /// How long start-up waits for Postgres/RabbitMQ before giving up.
+    pub startup_patience_secs: u64,
+    /// `json` or `pretty`.
+    pub log_format: String,
+    /// `EnvFilter` directive when `RUST_LOG` is unset.
+    pub log_filter: String,
+}
+
+impl Default for BackendSettings {
+    fn default() -> Self {
+        Self {
+            host: "0.0.0.0".into(),
+            database_url: "postgres://postgres:postgres@127.0.0.1:5432/seckill".into(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            namespace: "seckill".into(),
+            internal_key: DEV_INTERNAL_KEY.into(),
+            identity_max_age_ms: 30_000,
+            startup_patience_secs: 60,
+            log_format: "json".into(),
+            log_filter: "info".into(),
+        }
+    }
+}
+
+impl Validate for BackendSettings {
+    fn validate(&self) -> Result<(), String> {
+        validate_namespace(&self.namespace)
+    }
+}
+
 /// A string that must not appear in logs: printed as `[redacted]`.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -121,6 +172,29 @@ mod tests {
         let secret = Secret::new("hunter2");
         assert_eq!(format!("{secret:?}"), "[redacted]");
         assert_eq!(secret.expose(), "hunter2");
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize)]
+    #[serde(default)]
+    struct Service {
+        #[serde(flatten)]
+        backend: BackendSettings,
+        port: u16,
+    }
+
+    #[test]
+    fn flattened_backend_settings_take_flat_keys() {
+        // The shape env variables arrive in: flat keys, numbers parsed as numbers.
+        let settings: Service = Figment::from(Serialized::defaults(Service::default()))
+            .merge(Serialized::default("namespace", "t_x"))
+            .merge(Serialized::default("identity_max_age_ms", 5))
+            .merge(Serialized::default("port", 9))
+            .extract()
+            .expect("extract");
+        assert_eq!(settings.backend.namespace, "t_x");
+        assert_eq!(settings.backend.identity_max_age_ms, 5);
+        assert_eq!(settings.backend.log_format, "json", "defaults survive");
+        assert_eq!(settings.port, 9);
     }
 
     #[test]

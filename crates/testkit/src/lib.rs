@@ -16,6 +16,7 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
 use seckill_auth::IdentitySigner;
+use seckill_config::{BackendSettings, Secret};
 use seckill_messaging::Topology;
 use seckill_store::RedisKeys;
 
@@ -56,6 +57,20 @@ impl TestNamespace {
             database_url: format!("{postgres}/seckill_t_{id}"),
             redis_url: env_or("SECKILL_TEST_REDIS", "redis://127.0.0.1:6379"),
             amqp_url: env_or("SECKILL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+        }
+    }
+
+    /// Backend settings pointing at this namespace, on loopback, with the test identity key.
+    pub fn backend_settings(&self) -> BackendSettings {
+        BackendSettings {
+            host: "127.0.0.1".into(),
+            database_url: Secret::new(&self.database_url),
+            redis_url: Secret::new(&self.redis_url),
+            amqp_url: Secret::new(&self.amqp_url),
+            namespace: self.namespace.clone(),
+            internal_key: Secret::new(INTERNAL_KEY),
+            startup_patience_secs: 10,
+            ..BackendSettings::default()
         }
     }
 

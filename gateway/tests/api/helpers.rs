@@ -34,13 +34,8 @@ pub async fn spawn_platform() -> Platform {
     let mut tasks = Vec::new();
 
     let api = seckill_api::Application::build(seckill_api::Settings {
-        host: "127.0.0.1".into(),
+        backend: ns.backend_settings(),
         port: 0,
-        database_url: Secret::new(&ns.database_url),
-        redis_url: Secret::new(&ns.redis_url),
-        amqp_url: Secret::new(&ns.amqp_url),
-        namespace: ns.namespace.clone(),
-        internal_key: Secret::new(INTERNAL_KEY),
         ..seckill_api::Settings::default()
     })
     .await
@@ -50,13 +45,8 @@ pub async fn spawn_platform() -> Platform {
     tasks.push(tokio::spawn(api.run_until_stopped()));
 
     let orders = order_service::Application::build(order_service::Settings {
-        host: "127.0.0.1".into(),
+        backend: ns.backend_settings(),
         port: 0,
-        database_url: Secret::new(&ns.database_url),
-        redis_url: Secret::new(&ns.redis_url),
-        amqp_url: Secret::new(&ns.amqp_url),
-        namespace: ns.namespace.clone(),
-        internal_key: Secret::new(INTERNAL_KEY),
         ..order_service::Settings::default()
     })
     .await

@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use seckill_testkit::{eventually, identity_headers};
+use seckill_testkit::eventually;
 
 use crate::helpers::spawn_app;
 
@@ -27,31 +27,16 @@ async fn a_published_purchase_becomes_one_order_and_the_result_shows_success() {
     assert_eq!(app.stock_remaining(product).await, 9);
 
     // The buyer sees it; another user does not.
-    let client = reqwest::Client::new();
-    let mine: Value = client
-        .get(format!("{}/api/orders/{order_id}", app.address))
-        .headers(identity_headers(42, &[]))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json");
+    let mine = app.get_as(42, &format!("/api/orders/{order_id}")).await;
+    assert_eq!(mine.status(), 200);
+    let mine: Value = mine.json().await.expect("json");
     assert_eq!(mine["request_id"], msg.request_id.to_string());
     assert_eq!(mine["status"], "created");
-    let theirs = client
-        .get(format!("{}/api/orders/{order_id}", app.address))
-        .headers(identity_headers(43, &[]))
-        .send()
-        .await
-        .expect("request");
+    let theirs = app.get_as(43, &format!("/api/orders/{order_id}")).await;
     assert_eq!(theirs.status(), 404);
-    let list: Value = client
-        .get(format!("{}/api/orders", app.address))
-        .headers(identity_headers(42, &[]))
-        .send()
+    let list: Value = app
+        .get_as(42, "/api/orders")
         .await
-        .expect("request")
         .json()
         .await
         .expect("json");

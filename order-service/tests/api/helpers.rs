@@ -6,9 +6,8 @@ use lapin::{BasicProperties, Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
 use order_service::{Application, Settings};
-use seckill_config::Secret;
 use seckill_messaging::OrderMessage;
-use seckill_testkit::{INTERNAL_KEY, TestNamespace};
+use seckill_testkit::TestNamespace;
 
 pub struct TestApp {
     pub address: String,
@@ -23,14 +22,8 @@ pub struct TestApp {
 pub async fn spawn_app() -> TestApp {
     let ns = TestNamespace::new();
     let settings = Settings {
-        host: "127.0.0.1".into(),
+        backend: ns.backend_settings(),
         port: 0,
-        database_url: Secret::new(&ns.database_url),
-        redis_url: Secret::new(&ns.redis_url),
-        amqp_url: Secret::new(&ns.amqp_url),
-        namespace: ns.namespace.clone(),
-        internal_key: Secret::new(INTERNAL_KEY),
-        startup_patience_secs: 10,
         requeue_delay_ms: 100,
         ..Settings::default()
     };
@@ -104,6 +97,16 @@ impl TestApp {
     pub async fn publish(&self, msg: &OrderMessage) {
         let body = serde_json::to_vec(msg).expect("serialize");
         self.publish_raw(&body, &msg.request_id.to_string()).await;
+    }
+
+    /// `GET path` on order-service as `user_id` (with the gateway's identity headers).
+    pub async fn get_as(&self, user_id: i64, path: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .get(format!("{}{path}", self.address))
+            .headers(seckill_testkit::identity_headers(user_id, &[]))
+            .send()
+            .await
+            .expect("request")
     }
 
     pub async fn order_count(&self, product_id: i64) -> i64 {

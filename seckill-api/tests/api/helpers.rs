@@ -6,8 +6,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use seckill_api::{Application, Settings};
-use seckill_config::Secret;
-use seckill_testkit::{INTERNAL_KEY, TestNamespace, identity_headers};
+use seckill_testkit::{TestNamespace, identity_headers};
 
 pub struct TestApp {
     pub address: String,
@@ -19,14 +18,8 @@ pub struct TestApp {
 
 pub fn settings_for(ns: &TestNamespace) -> Settings {
     Settings {
-        host: "127.0.0.1".into(),
+        backend: ns.backend_settings(),
         port: 0,
-        database_url: Secret::new(&ns.database_url),
-        redis_url: Secret::new(&ns.redis_url),
-        amqp_url: Secret::new(&ns.amqp_url),
-        namespace: ns.namespace.clone(),
-        internal_key: Secret::new(INTERNAL_KEY),
-        startup_patience_secs: 10,
         ..Settings::default()
     }
 }

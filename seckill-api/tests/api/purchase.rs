@@ -233,7 +233,7 @@ async fn purchases_accepted_while_the_broker_is_unreachable_are_relayed_once_it_
     // them) and nothing is lost; a second replica with a working broker relays them.
     let ns = seckill_testkit::TestNamespace::new();
     let mut settings = crate::helpers::settings_for(&ns);
-    settings.amqp_url = seckill_config::Secret::new("amqp://guest:guest@127.0.0.1:1/%2f");
+    settings.backend.amqp_url = seckill_config::Secret::new("amqp://guest:guest@127.0.0.1:1/%2f");
     settings.relay_reclaim_idle_ms = 200;
     let offline = seckill_api::Application::build(settings)
         .await
