@@ -8,6 +8,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
 /// One dependency check: a name for the report and a probe that fails with a reason.
@@ -18,8 +19,9 @@ pub type Probe = Arc<
 /// Routes `/healthz` (the process answers), `/readyz` (every dependency answers) and
 /// `/metrics` (Prometheus text).
 pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe)>) -> Router<S> {
-    // Install the recorder now: metrics recorded before it exists are dropped.
-    seckill_telemetry::metrics_handle();
+    // Taking the handle here installs the recorder at build time: metrics recorded before
+    // it exists are dropped.
+    let metrics = seckill_telemetry::metrics_handle();
     let probes = Arc::new(probes);
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
@@ -30,7 +32,13 @@ pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe
                 async move { readiness(&probes).await }
             }),
         )
-        .route("/metrics", get(render_metrics))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { render_metrics(&metrics) }
+            }),
+        )
 }
 
 /// A probe that passes while `flag` is set (e.g. "the consumer holds a channel").
@@ -65,8 +73,7 @@ async fn readiness(probes: &[(&'static str, Probe)]) -> Response {
         .into_response()
 }
 
-async fn render_metrics() -> impl IntoResponse {
-    let handle = seckill_telemetry::metrics_handle();
+fn render_metrics(handle: &PrometheusHandle) -> impl IntoResponse + use<> {
     handle.run_upkeep();
     (
         [("content-type", "text/plain; version=0.0.4")],
