@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: makes the infrastructure ready, clears leftovers of crashed earlier
-# runs, then runs every test of the workspace against the real Postgres, Redis and RabbitMQ.
-# Arguments go to `cargo test` (e.g. `scripts/test.sh -p gateway`, `scripts/test.sh -- --nocapture`).
+# runs, then runs every test of the workspace against the real Postgres, Redis and RabbitMQ
+# twice: on the single Redis server, then on a local 3-master Redis Cluster
+# (scripts/redis-cluster.sh), because every script and key layout must work on both.
+# Arguments go to `cargo test` (e.g. `scripts/test.sh -p gateway`, `scripts/test.sh -- --nocapture`);
+# SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -9,16 +12,27 @@ set -euo pipefail
 
 require_cargo
 "$SCRIPTS/infra.sh"
+modes=${SECKILL_TEST_REDIS_MODES:-single cluster}
+if [[ " $modes " == *" cluster "* ]]; then
+  "$SCRIPTS/redis-cluster.sh" start
+fi
 "$SCRIPTS/clean-test-state.sh" t_
 
 cd "$ROOT"
-say "cargo test --workspace $*"
 # Keep cargo's output as it is, then close with one total over every test binary (the last
 # binary cargo runs is usually a doc-test one with 0 tests, which says nothing on its own).
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+for mode in $modes; do
+  case "$mode" in
+    single) unset SECKILL_TEST_REDIS_CLUSTER ;;
+    cluster) SECKILL_TEST_REDIS_CLUSTER=$("$SCRIPTS/redis-cluster.sh" url); export SECKILL_TEST_REDIS_CLUSTER ;;
+    *) die "unknown Redis mode '$mode' (single or cluster)" ;;
+  esac
+  say "cargo test --workspace $* (Redis: $mode)"
+  cargo test --workspace "$@" 2>&1 | tee -a "$log" || status=$?
+done
 totals=$(awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed", passed, failed }' "$log")
 echo "tests: $totals"
 exit "$status"

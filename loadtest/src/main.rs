@@ -70,7 +70,7 @@ struct Args {
         default_value = "postgres://postgres:postgres@127.0.0.1:5432/seckill"
     )]
     database_url: String,
-    /// Redis URL, for the invariant check.
+    /// Redis URL, for the invariant check (a comma-separated list: a Redis Cluster's seeds).
     #[arg(
         long,
         env = "SECKILL_REDIS_URL",

@@ -18,7 +18,7 @@ pub struct Probe {
     /// Orders and products.
     db: PgPool,
     /// Stock hashes and outbox streams.
-    redis: deadpool_redis::Pool,
+    redis: seckill_store::Redis,
     /// The key layout of the namespace under test.
     keys: RedisKeys,
 }
@@ -59,10 +59,11 @@ impl Probe {
             .connect(database_url)
             .await
             .context("connecting to Postgres")?;
-        let redis = seckill_store::redis_pool(redis_url, 2).context("building the Redis pool")?;
+        let redis = seckill_store::Redis::new(redis_url, redis_url.contains(','), 2)
+            .context("building the Redis pool")?;
         let mut conn = redis.get().await.context("connecting to Redis")?;
         redis::cmd("PING")
-            .query_async::<String>(&mut *conn)
+            .query_async::<String>(&mut conn)
             .await
             .context("pinging Redis")?;
         Ok(Self {
@@ -107,26 +108,45 @@ impl Probe {
         .context("looking up accepted request ids")
     }
 
-    /// Entries still waiting in the product's outbox (XLEN of a missing key is 0).
-    async fn outbox_len(&self, product_id: i64) -> anyhow::Result<i64> {
-        let mut conn = self.redis.get().await.context("connecting to Redis")?;
-        redis::cmd("XLEN")
-            .arg(self.keys.outbox(product_id))
-            .query_async(&mut *conn)
+    /// How many Redis buckets the product's stock is split into.
+    async fn buckets(&self, product_id: i64) -> anyhow::Result<u16> {
+        let buckets: i16 = sqlx::query_scalar("SELECT stock_buckets FROM products WHERE id = $1")
+            .bind(product_id)
+            .fetch_one(&self.db)
             .await
-            .context("reading the outbox length")
+            .context("reading products.stock_buckets")?;
+        Ok(u16::try_from(buckets).unwrap_or(1))
     }
 
-    /// The stock hash's `remaining` field, 0 when missing.
+    /// Entries still waiting in the product's outbox streams (XLEN of a missing key is 0).
+    async fn outbox_len(&self, product_id: i64) -> anyhow::Result<i64> {
+        let mut total = 0;
+        for bucket in 0..self.buckets(product_id).await? {
+            let mut conn = self.redis.get().await.context("connecting to Redis")?;
+            let len: i64 = redis::cmd("XLEN")
+                .arg(self.keys.outbox(product_id, bucket))
+                .query_async(&mut conn)
+                .await
+                .context("reading the outbox length")?;
+            total += len;
+        }
+        Ok(total)
+    }
+
+    /// The buckets' `remaining` fields added up (a missing bucket counts 0).
     async fn redis_remaining(&self, product_id: i64) -> anyhow::Result<i64> {
-        let mut conn = self.redis.get().await.context("connecting to Redis")?;
-        let remaining: Option<i64> = redis::cmd("HGET")
-            .arg(self.keys.stock(product_id))
-            .arg("remaining")
-            .query_async(&mut *conn)
-            .await
-            .context("reading the Redis stock")?;
-        Ok(remaining.unwrap_or(0))
+        let mut total = 0;
+        for bucket in 0..self.buckets(product_id).await? {
+            let mut conn = self.redis.get().await.context("connecting to Redis")?;
+            let remaining: Option<i64> = redis::cmd("HGET")
+                .arg(self.keys.stock(product_id, bucket))
+                .arg("remaining")
+                .query_async(&mut conn)
+                .await
+                .context("reading the Redis stock")?;
+            total += remaining.unwrap_or(0);
+        }
+        Ok(total)
     }
 
     /// Waits until every accepted purchase has an order and the outbox is drained, or until

@@ -37,9 +37,11 @@ pub struct OrderConsumer {
     /// Where orders are written.
     pub db: PgPool,
     /// Where buyer results are written.
-    pub redis: deadpool_redis::Pool,
+    pub redis: seckill_store::Redis,
     /// Key names.
     pub keys: RedisKeys,
+    /// Products' bucket counts (fixed at creation), which place each buyer's result.
+    pub buckets: moka::future::Cache<i64, u16>,
     /// Broker.
     pub amqp_url: String,
     /// Queue names.
@@ -251,14 +253,32 @@ impl OrderConsumer {
         }
     }
 
+    /// How many buckets the product's stock is split into; 1 for an unknown product (its
+    /// purchase was never accepted in Redis, so any key will do for its `failed` result).
+    async fn bucket_count(&self, product_id: i64) -> anyhow::Result<u16> {
+        let db = self.db.clone();
+        self.buckets
+            .try_get_with(product_id, async move {
+                let buckets: Option<i16> =
+                    sqlx::query_scalar("SELECT stock_buckets FROM products WHERE id = $1")
+                        .bind(product_id)
+                        .fetch_optional(&db)
+                        .await?;
+                Ok::<u16, sqlx::Error>(buckets.and_then(|b| u16::try_from(b).ok()).unwrap_or(1))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("bucket count of product {product_id}: {e}"))
+    }
+
     async fn write_result(
         &self,
         msg: &OrderMessage,
         result: &PurchaseResult,
     ) -> anyhow::Result<()> {
+        let buckets = self.bucket_count(msg.product_id).await?;
         let mut conn = self.redis.get().await?;
         redis::cmd("HSET")
-            .arg(self.keys.results(msg.product_id))
+            .arg(self.keys.result_of(msg.product_id, buckets, msg.user_id))
             .arg(msg.user_id)
             .arg(result.encode())
             .query_async::<()>(&mut conn)

@@ -38,8 +38,9 @@ impl Application {
             Duration::from_secs(settings.backend.startup_patience_secs),
         )
         .await?;
-        let redis = seckill_store::redis_pool(
+        let redis = seckill_store::Redis::new(
             settings.backend.redis_url.expose(),
+            settings.backend.redis_cluster,
             settings.redis_pool_size,
         )?;
         let connected = Arc::new(AtomicBool::new(false));
@@ -63,6 +64,7 @@ impl Application {
             db,
             redis,
             keys: RedisKeys::new(&settings.backend.namespace),
+            buckets: moka::future::Cache::new(100_000),
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology: Topology::new(&settings.backend.namespace),
             prefetch: settings.prefetch,
@@ -109,7 +111,7 @@ impl Application {
 
 fn readiness_probes(
     db: PgPool,
-    redis: deadpool_redis::Pool,
+    redis: seckill_store::Redis,
     consumer: Arc<AtomicBool>,
 ) -> Vec<(&'static str, Probe)> {
     vec![

@@ -23,10 +23,29 @@ pub struct Settings {
     pub load_wait_ms: u64,
     /// Product metadata L1 cache lifetime (randomised ±20 % per entry).
     pub product_cache_ttl_secs: u64,
+    /// Product ids the bloom filter is sized for; past this its false-positive rate climbs,
+    /// so a rebuild sizes it for twice the products found (and logs a warning).
+    pub bloom_expected_products: usize,
+    /// The bloom filter's false-positive rate at `bloom_expected_products` ids, in (0, 0.5].
+    pub bloom_fp_rate: f64,
+    /// How long Redis remembers "no such product" for an id the bloom filter let through
+    /// (randomised ±20 %); also how long such an id may stay 404 after being created elsewhere
+    /// than through this API.
+    pub null_cache_ttl_ms: u64,
     /// Outbox entries the relay reads and publishes per round.
     pub relay_batch: usize,
     /// Outbox entries pending longer than this on another consumer are reclaimed.
     pub relay_reclaim_idle_ms: u64,
+    /// Buckets a new product's stock is split into unless its creation names a count.
+    pub stock_buckets: i16,
+    /// How long after its reservation a sweep may still take a unit from another bucket.
+    pub sweep_fence_ms: u64,
+    /// Added to the fence before an abandoned reservation is resolved: covers clock skew
+    /// between Redis Cluster nodes.
+    pub sweep_skew_margin_ms: u64,
+    /// How long this replica answers 410 from memory after seeing a product sold out. A
+    /// unit put back (cancellation) is on sale again everywhere after at most this long.
+    pub sold_out_local_ttl_ms: u64,
 }
 
 impl Default for Settings {
@@ -39,8 +58,15 @@ impl Default for Settings {
             load_lock_ttl_ms: 3_000,
             load_wait_ms: 5_000,
             product_cache_ttl_secs: 30,
+            bloom_expected_products: 1_000_000,
+            bloom_fp_rate: 0.001,
+            null_cache_ttl_ms: 30_000,
             relay_batch: 256,
             relay_reclaim_idle_ms: 30_000,
+            stock_buckets: 16,
+            sweep_fence_ms: 5_000,
+            sweep_skew_margin_ms: 10_000,
+            sold_out_local_ttl_ms: 500,
         }
     }
 }
@@ -50,6 +76,23 @@ impl Validate for Settings {
         self.backend.validate()?;
         if self.redis_pool_size == 0 || self.db_pool_size == 0 || self.relay_batch == 0 {
             return Err("pool sizes and relay_batch must be positive".into());
+        }
+        if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
+            return Err("stock_buckets must be between 1 and 1024".into());
+        }
+        if self.sweep_fence_ms == 0 {
+            return Err("sweep_fence_ms must be positive".into());
+        }
+        // Bounded so a typo cannot make every replica allocate gigabytes (10^8 ids at 0.001
+        // is about 180 MB); the bloomfilter crate panics outside (0, 1).
+        if !(1..=100_000_000).contains(&self.bloom_expected_products) {
+            return Err("bloom_expected_products must be between 1 and 100000000".into());
+        }
+        if !(self.bloom_fp_rate > 0.0 && self.bloom_fp_rate <= 0.5) {
+            return Err("bloom_fp_rate must be above 0 and at most 0.5".into());
+        }
+        if !(1..=3_600_000).contains(&self.null_cache_ttl_ms) {
+            return Err("null_cache_ttl_ms must be between 1 and 3600000".into());
         }
         if self.load_lock_ttl_ms == 0 || self.load_lock_ttl_ms >= self.load_wait_ms {
             return Err("load_lock_ttl_ms must be positive and below load_wait_ms".into());

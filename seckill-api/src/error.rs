@@ -50,12 +50,6 @@ impl From<redis::RedisError> for ApiError {
     }
 }
 
-impl From<deadpool_redis::PoolError> for ApiError {
-    fn from(e: deadpool_redis::PoolError) -> Self {
-        Self::Unavailable(format!("redis pool: {e}"))
-    }
-}
-
 impl ApiError {
     /// Status, stable code and client-facing message. Causes of 5xx stay in the logs.
     pub fn parts(&self) -> (StatusCode, &'static str, String) {

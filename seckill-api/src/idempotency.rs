@@ -53,13 +53,13 @@ pub enum Claim {
 /// Idempotency records in Redis.
 #[derive(Clone, Debug)]
 pub struct Idempotency {
-    redis: deadpool_redis::Pool,
+    redis: seckill_store::Redis,
     keys: RedisKeys,
 }
 
 impl Idempotency {
     /// Records under `keys`' namespace.
-    pub fn new(redis: deadpool_redis::Pool, keys: RedisKeys) -> Self {
+    pub fn new(redis: seckill_store::Redis, keys: RedisKeys) -> Self {
         Self { redis, keys }
     }
 

@@ -1,15 +1,23 @@
 //! The outbox relay: Redis streams → RabbitMQ, with publisher confirms.
 //!
-//! Each product's accepted purchases sit in its outbox stream (written by the purchase Lua).
-//! The relay reads them through a consumer group, publishes a batch (persistent,
-//! `mandatory`, many confirms in flight at once), waits for the broker's confirms, and only
-//! then `XACK`s and `XDEL`s the confirmed entries. Anything unconfirmed stays pending:
-//! after a reconnect the relay first replays its own pending entries, and entries left
-//! pending by a replica that died are taken over with `XAUTOCLAIM` once idle long enough.
-//! Delivery is therefore at-least-once; order-service makes it exactly-once in effect.
+//! Each bucket's accepted purchases sit in its outbox stream (written by the purchase Lua).
+//! The relay reads them through a consumer group, publishes everything it read in one round
+//! (persistent, `mandatory`, all confirms in flight at once, across streams), waits for the
+//! broker's confirms, and only then `XACK`s and `XDEL`s the confirmed entries. Anything
+//! unconfirmed stays pending: after a reconnect the relay first replays its own pending
+//! entries, and entries left pending by a replica that died are taken over with
+//! `XAUTOCLAIM` once idle long enough (a cursor per stream, so each pass goes on where the
+//! last one stopped). Delivery is therefore at-least-once; order-service makes it
+//! exactly-once in effect.
+//!
+//! Which streams to read: the purchase handler hints the stream it just wrote to, so in a
+//! burst the relay reads only the streams that have news; every [`FULL_SCAN_EVERY`] it reads
+//! every registered stream, which picks up entries another replica wrote and did not
+//! relay (it died between the script and its relay's read).
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -21,16 +29,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{HEADER_ATTEMPT, HEADER_REQUEST_ID, Topology};
-use seckill_store::RedisKeys;
+use seckill_store::{RedisConn, RedisKeys};
 
 /// The consumer group every replica's relay joins.
 pub const GROUP: &str = "relay";
 
 /// Creates the relay's consumer group on `stream` (and the stream), if missing.
-pub async fn create_group(
-    conn: &mut deadpool_redis::Connection,
-    stream: &str,
-) -> redis::RedisResult<()> {
+pub async fn create_group(conn: &mut RedisConn, stream: &str) -> redis::RedisResult<()> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(stream)
@@ -45,11 +50,38 @@ pub async fn create_group(
     }
 }
 
+/// Tells the relay which streams have new entries; shared by the handlers and the relay.
+#[derive(Debug, Default)]
+pub struct RelayHints {
+    streams: Mutex<BTreeSet<String>>,
+    wakeup: Notify,
+}
+
+impl RelayHints {
+    /// `stream` has a new entry: read it soon.
+    pub fn hint(&self, stream: String) {
+        self.streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(stream);
+        self.wakeup.notify_one();
+    }
+
+    fn take(&self) -> BTreeSet<String> {
+        std::mem::take(
+            &mut *self
+                .streams
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
 /// What the relay needs; see the module docs for how it works.
 #[derive(Clone)]
 pub struct Relay {
     /// Where the outbox streams are.
-    pub redis: deadpool_redis::Pool,
+    pub redis: seckill_store::Redis,
     /// Key names.
     pub keys: RedisKeys,
     /// Broker to publish to.
@@ -60,8 +92,8 @@ pub struct Relay {
     pub batch: usize,
     /// Entries idle this long on another consumer are taken over.
     pub reclaim_idle: Duration,
-    /// Poked by the purchase handler so the relay does not wait for its idle tick.
-    pub wakeup: Arc<Notify>,
+    /// Streams the purchase handler wrote to, so the relay does not wait for its tick.
+    pub hints: Arc<RelayHints>,
     /// True while a confirmed channel is open (read by `/readyz`).
     pub connected: Arc<AtomicBool>,
     /// This replica's consumer name in the group.
@@ -77,6 +109,8 @@ impl std::fmt::Debug for Relay {
 }
 
 const IDLE_TICK: Duration = Duration::from_millis(50);
+/// How often every registered stream is read, hinted or not.
+pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
 
 impl Relay {
@@ -134,45 +168,71 @@ impl Relay {
         // After a (re)connect, replay our own pending entries first: they may have been
         // published without a confirm reaching us.
         let mut replay_own = true;
+        let mut last_scan = Instant::now() - FULL_SCAN_EVERY;
         let mut last_reclaim = Instant::now() - RECLAIM_EVERY;
+        let mut cursors: HashMap<String, String> = HashMap::new();
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
             let mut conn = self.redis.get().await?;
-            let streams: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(self.keys.outbox_registry())
-                .query_async(&mut conn)
-                .await?;
+            let full_scan = replay_own || last_scan.elapsed() >= FULL_SCAN_EVERY;
             let reclaim = last_reclaim.elapsed() >= RECLAIM_EVERY;
-            let mut moved = 0;
-            for stream in &streams {
+            let mut streams = self.hints.take();
+            if full_scan || reclaim {
+                let registered: Vec<String> = redis::cmd("SMEMBERS")
+                    .arg(self.keys.outbox_registry())
+                    .query_async(&mut conn)
+                    .await?;
+                self.report_backlog(&mut conn, &registered).await;
+                streams.extend(registered);
+                last_scan = Instant::now();
+            }
+            let mut round = Vec::new();
+            for stream in streams {
                 let mut entries = self
-                    .read(&mut conn, stream, if replay_own { "0" } else { ">" })
+                    .read(&mut conn, &stream, if replay_own { "0" } else { ">" })
                     .await?;
                 if reclaim {
-                    entries.extend(self.reclaim(&mut conn, stream).await?);
+                    let cursor = cursors
+                        .entry(stream.clone())
+                        .or_insert_with(|| "0-0".into());
+                    entries.extend(self.reclaim(&mut conn, &stream, cursor).await?);
                 }
-                moved += self.publish(channel, &mut conn, stream, entries).await?;
+                if !entries.is_empty() {
+                    round.push((stream, entries));
+                }
             }
             if reclaim {
                 last_reclaim = Instant::now();
             }
             replay_own = false;
+            let moved = self.publish(channel, &mut conn, round).await?;
             drop(conn);
             if moved == 0 {
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
-                    _ = self.wakeup.notified() => {}
+                    _ = self.hints.wakeup.notified() => {}
                     _ = tokio::time::sleep(IDLE_TICK) => {}
                 }
             }
         }
     }
 
+    /// Sets the `outbox_backlog` gauge: entries in every outbox stream, confirmed or not.
+    async fn report_backlog(&self, conn: &mut RedisConn, streams: &[String]) {
+        let mut backlog = 0i64;
+        for stream in streams {
+            let len: redis::RedisResult<i64> =
+                redis::cmd("XLEN").arg(stream).query_async(conn).await;
+            backlog += len.unwrap_or(0);
+        }
+        metrics::gauge!("outbox_backlog").set(backlog as f64);
+    }
+
     async fn read(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut RedisConn,
         stream: &str,
         from: &str,
     ) -> anyhow::Result<Vec<StreamId>> {
@@ -202,21 +262,24 @@ impl Relay {
 
     async fn reclaim(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut RedisConn,
         stream: &str,
+        cursor: &mut String,
     ) -> anyhow::Result<Vec<StreamId>> {
         let reply: redis::RedisResult<StreamAutoClaimReply> = redis::cmd("XAUTOCLAIM")
             .arg(stream)
             .arg(GROUP)
             .arg(&self.consumer)
             .arg(self.reclaim_idle.as_millis() as u64)
-            .arg("0-0")
+            .arg(cursor.as_str())
             .arg("COUNT")
             .arg(self.batch)
             .query_async(conn)
             .await;
         match reply {
             Ok(reply) => {
+                // "0-0" once the whole pending list was walked: the next pass starts over.
+                *cursor = reply.next_stream_id.clone();
                 if !reply.claimed.is_empty() {
                     tracing::info!(
                         stream,
@@ -233,84 +296,107 @@ impl Relay {
         }
     }
 
-    /// Publishes `entries` with all confirms in flight together, then acks and deletes them
-    /// if every one was confirmed and routed. Returns how many; fails (keeping all of them
-    /// pending) if any was not.
+    /// Publishes every entry of the round with all confirms in flight together, then acks
+    /// and deletes them, stream by stream, if every one was confirmed and routed. Returns
+    /// how many; fails (keeping all of them pending) if any was not.
     async fn publish(
         &self,
         channel: &Channel,
-        conn: &mut deadpool_redis::Connection,
-        stream: &str,
-        entries: Vec<StreamId>,
+        conn: &mut RedisConn,
+        round: Vec<(String, Vec<StreamId>)>,
     ) -> anyhow::Result<usize> {
-        if entries.is_empty() {
+        if round.is_empty() {
             return Ok(0);
         }
-        let mut pending = Vec::with_capacity(entries.len());
-        for entry in &entries {
-            let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
-            let request_id: String = entry.get("request_id").unwrap_or_default();
-            let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
-            let mut headers = FieldTable::default();
-            headers.insert(
-                HEADER_REQUEST_ID.into(),
-                AMQPValue::LongString(http_request_id.as_str().into()),
-            );
-            headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
-            let properties = BasicProperties::default()
-                .with_message_id(request_id.as_str().into())
-                .with_content_type("application/json".into())
-                .with_delivery_mode(2)
-                .with_headers(headers);
-            let confirm = channel
-                .basic_publish(
-                    self.topology.exchange.as_str().into(),
-                    self.topology.routing_key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &payload,
-                    properties,
-                )
-                .await
-                .context("publish")?;
-            pending.push((entry.id.clone(), confirm));
+        let started = Instant::now();
+        let mut pending = Vec::new();
+        for (index, (_, entries)) in round.iter().enumerate() {
+            for entry in entries {
+                let confirm = self.publish_one(channel, entry).await?;
+                pending.push((index, entry.id.clone(), confirm));
+            }
         }
-        let mut confirmed = Vec::with_capacity(pending.len());
+        metrics::counter!("outbox_published_total").increment(pending.len() as u64);
+        let mut confirmed: Vec<Vec<String>> = vec![Vec::new(); round.len()];
         let mut failed = 0usize;
-        for (id, confirm) in pending {
+        let mut returned = 0usize;
+        for (index, id, confirm) in pending {
             match confirm.await.context("await confirm")? {
-                Confirmation::Ack(None) => confirmed.push(id),
+                Confirmation::Ack(None) => confirmed[index].push(id),
                 // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
                 // follows re-declares the topology and replays it.
-                Confirmation::Ack(Some(_returned)) => failed += 1,
+                Confirmation::Ack(Some(_returned)) => returned += 1,
                 Confirmation::Nack(_) | Confirmation::NotRequested => failed += 1,
             }
         }
-        if failed > 0 {
+        metrics::histogram!("outbox_confirm_seconds").record(started.elapsed().as_secs_f64());
+        if failed + returned > 0 {
             // lapin pairs a returned message with whichever confirm resolves next, so which
-            // entry was lost is unknowable: keep the whole batch for replay (order-service
+            // entry was lost is unknowable: keep the whole round for replay (order-service
             // absorbs the duplicates this causes).
-            metrics::counter!("outbox_publish_failures_total").increment(failed as u64);
-            anyhow::bail!("{failed} outbox entries were not confirmed by the broker");
+            metrics::counter!("outbox_returned_total").increment(returned as u64);
+            metrics::counter!("outbox_nacked_total").increment(failed as u64);
+            anyhow::bail!(
+                "{} outbox entries were not confirmed by the broker ({returned} returned)",
+                failed + returned
+            );
         }
-        if !confirmed.is_empty() {
+        let mut moved = 0;
+        for ((stream, _), ids) in round.iter().zip(confirmed) {
+            if ids.is_empty() {
+                continue;
+            }
+            // Same key, so one slot: fine as a transaction on a cluster too.
             redis::pipe()
                 .atomic()
                 .cmd("XACK")
                 .arg(stream)
                 .arg(GROUP)
-                .arg(&confirmed)
+                .arg(&ids)
                 .ignore()
                 .cmd("XDEL")
                 .arg(stream)
-                .arg(&confirmed)
+                .arg(&ids)
                 .ignore()
                 .query_async::<()>(conn)
                 .await?;
-            metrics::counter!("outbox_relayed_total").increment(confirmed.len() as u64);
+            moved += ids.len();
         }
-        Ok(confirmed.len())
+        metrics::counter!("outbox_confirmed_total").increment(moved as u64);
+        Ok(moved)
+    }
+
+    async fn publish_one(
+        &self,
+        channel: &Channel,
+        entry: &StreamId,
+    ) -> anyhow::Result<lapin::PublisherConfirm> {
+        let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
+        let request_id: String = entry.get("request_id").unwrap_or_default();
+        let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
+        let mut headers = FieldTable::default();
+        headers.insert(
+            HEADER_REQUEST_ID.into(),
+            AMQPValue::LongString(http_request_id.as_str().into()),
+        );
+        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
+        let properties = BasicProperties::default()
+            .with_message_id(request_id.as_str().into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        channel
+            .basic_publish(
+                self.topology.exchange.as_str().into(),
+                self.topology.routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &payload,
+                properties,
+            )
+            .await
+            .context("publish")
     }
 }

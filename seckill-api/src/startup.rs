@@ -9,7 +9,6 @@ use anyhow::Context;
 use moka::future::Cache;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use seckill_auth::IdentitySigner;
@@ -18,11 +17,14 @@ use seckill_messaging::Topology;
 use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
+use crate::bloom::{BloomSizing, ProductBloom};
 use crate::catalog::Catalog;
+use crate::catalog_sync::CatalogSync;
 use crate::idempotency::Idempotency;
-use crate::relay::Relay;
-use crate::state::{AppState, SOLD_OUT_FLAG_TTL};
-use crate::stock::StockEngine;
+use crate::null_cache::NullCache;
+use crate::relay::{Relay, RelayHints};
+use crate::state::AppState;
+use crate::stock::{StockEngine, Timings};
 
 /// A built, not yet running, seckill-api.
 #[derive(Debug)]
@@ -31,6 +33,7 @@ pub struct Application {
     port: u16,
     router: axum::Router,
     relay: Relay,
+    catalog_sync: CatalogSync,
     cancel: CancellationToken,
 }
 
@@ -46,25 +49,39 @@ impl Application {
             patience,
         )
         .await?;
-        let redis = seckill_store::redis_pool(
+        let redis = seckill_store::Redis::new(
             settings.backend.redis_url.expose(),
+            settings.backend.redis_cluster,
             settings.redis_pool_size,
         )?;
         let keys = RedisKeys::new(&settings.backend.namespace);
-        let relay_wakeup = Arc::new(Notify::new());
+        let relay_hints = Arc::new(RelayHints::default());
         let broker_connected = Arc::new(AtomicBool::new(false));
 
         let state = AppState {
             catalog: Catalog::new(
                 db.clone(),
+                Arc::new(ProductBloom::new(BloomSizing {
+                    expected: settings.bloom_expected_products,
+                    fp_rate: settings.bloom_fp_rate,
+                })?),
+                NullCache::new(
+                    redis.clone(),
+                    keys.clone(),
+                    Duration::from_millis(settings.null_cache_ttl_ms),
+                ),
                 Duration::from_secs(settings.product_cache_ttl_secs),
             ),
             stock: StockEngine::new(
                 redis.clone(),
                 db.clone(),
                 keys.clone(),
-                Duration::from_millis(settings.load_lock_ttl_ms),
-                Duration::from_millis(settings.load_wait_ms),
+                Timings {
+                    lock_ttl: Duration::from_millis(settings.load_lock_ttl_ms),
+                    load_wait: Duration::from_millis(settings.load_wait_ms),
+                    sweep_fence: Duration::from_millis(settings.sweep_fence_ms),
+                    skew_margin: Duration::from_millis(settings.sweep_skew_margin_ms),
+                },
             ),
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),
@@ -75,10 +92,19 @@ impl Application {
             ),
             sold_out: Cache::builder()
                 .max_capacity(10_000)
-                .time_to_live(SOLD_OUT_FLAG_TTL)
+                .time_to_live(Duration::from_millis(settings.sold_out_local_ttl_ms))
                 .build(),
-            relay_wakeup: relay_wakeup.clone(),
+            relay_hints: relay_hints.clone(),
+            default_buckets: settings.stock_buckets,
         };
+        // Fills the bloom filter before the port is bound: an empty one would answer 404 to
+        // every product.
+        let catalog_sync = CatalogSync::start(
+            settings.backend.database_url.expose(),
+            state.catalog.clone(),
+            state.stock.clone(),
+        )
+        .await?;
         let probes = readiness_probes(db, redis.clone(), broker_connected.clone());
         let router = seckill_http::layers::instrument(
             crate::routes::router(state).merge(ops::router(probes)),
@@ -96,7 +122,7 @@ impl Application {
             topology: Topology::new(&settings.backend.namespace),
             batch: settings.relay_batch,
             reclaim_idle: Duration::from_millis(settings.relay_reclaim_idle_ms),
-            wakeup: relay_wakeup,
+            hints: relay_hints,
             connected: broker_connected,
             consumer: format!("api-{}", uuid::Uuid::new_v4().simple()),
         };
@@ -105,6 +131,7 @@ impl Application {
             port,
             router,
             relay,
+            catalog_sync,
             cancel: CancellationToken::new(),
         })
     }
@@ -125,6 +152,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let cancel = self.cancel.clone();
         let relay = tokio::spawn(self.relay.run(cancel.clone()));
+        let catalog_sync = tokio::spawn(self.catalog_sync.run(cancel.clone()));
         tracing::info!(port = self.port, "seckill-api listening");
         let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;
         match tokio::time::timeout(Duration::from_secs(10), relay).await {
@@ -135,13 +163,21 @@ impl Application {
                 tracing::warn!("relay did not stop within 10s; pending entries stay in the outbox")
             }
         }
+        match tokio::time::timeout(Duration::from_secs(5), catalog_sync).await {
+            Ok(Ok(Ok(()))) => tracing::info!("product change listener finished"),
+            Ok(Ok(Err(e))) => {
+                tracing::error!(error = format!("{e:#}"), "product change listener failed")
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "product change listener panicked"),
+            Err(_) => tracing::warn!("product change listener did not stop within 5s"),
+        }
         served.context("serve http")
     }
 }
 
 fn readiness_probes(
     db: PgPool,
-    redis: deadpool_redis::Pool,
+    redis: seckill_store::Redis,
     broker: Arc<AtomicBool>,
 ) -> Vec<(&'static str, Probe)> {
     vec![

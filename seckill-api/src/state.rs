@@ -1,17 +1,16 @@
 //! The one state every handler shares: cheap handles only.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::FromRef;
 use moka::future::Cache;
-use tokio::sync::Notify;
 
 use seckill_auth::IdentitySigner;
 use seckill_store::RedisKeys;
 
 use crate::catalog::Catalog;
 use crate::idempotency::Idempotency;
+use crate::relay::RelayHints;
 use crate::stock::StockEngine;
 
 /// Handles shared by all handlers.
@@ -22,18 +21,20 @@ pub struct AppState {
     /// Redis stock and purchase decisions.
     pub stock: StockEngine,
     /// Redis, for results.
-    pub redis: deadpool_redis::Pool,
+    pub redis: seckill_store::Redis,
     /// Key names.
     pub keys: RedisKeys,
     /// Verifies the gateway's identity headers.
     pub signer: IdentitySigner,
-    /// Products this replica saw sold out recently: answered 410 without Redis. Short-lived,
-    /// because a cancelled order can put a unit back.
+    /// Products this replica saw sold out recently: answered 410 without Redis or Lua.
+    /// Short-lived (`sold_out_local_ttl_ms`), because a cancelled order can put a unit back.
     pub sold_out: Cache<i64, ()>,
     /// `Idempotency-Key` records.
     pub idempotency: Idempotency,
-    /// Wakes the outbox relay after an accepted purchase.
-    pub relay_wakeup: Arc<Notify>,
+    /// Tells the outbox relay which stream an accepted purchase went to.
+    pub relay_hints: Arc<RelayHints>,
+    /// Buckets of a product created without a bucket count.
+    pub default_buckets: i16,
 }
 
 impl FromRef<AppState> for IdentitySigner {
@@ -41,6 +42,3 @@ impl FromRef<AppState> for IdentitySigner {
         state.signer.clone()
     }
 }
-
-/// How long a local sold-out flag lasts.
-pub const SOLD_OUT_FLAG_TTL: Duration = Duration::from_millis(500);

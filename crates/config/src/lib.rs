@@ -60,8 +60,11 @@ pub struct BackendSettings {
     pub host: String,
     /// Postgres, including the database name (created if missing).
     pub database_url: Secret,
-    /// Redis.
+    /// Redis: one server's URL, or with `redis_cluster` a comma-separated list of the
+    /// cluster's seed nodes.
     pub redis_url: Secret,
+    /// Whether `redis_url` names a Redis Cluster.
+    pub redis_cluster: bool,
     /// RabbitMQ.
     pub amqp_url: Secret,
     /// Prefix of every Redis key and AMQP name: isolates tests and tenants.
@@ -84,6 +87,7 @@ impl Default for BackendSettings {
             host: "0.0.0.0".into(),
             database_url: "postgres://postgres:postgres@127.0.0.1:5432/seckill".into(),
             redis_url: "redis://127.0.0.1:6379".into(),
+            redis_cluster: false,
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             namespace: "seckill".into(),
             internal_key: DEV_INTERNAL_KEY.into(),

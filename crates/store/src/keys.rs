@@ -1,7 +1,9 @@
 //! The Redis key layout.
 //!
-//! Every key of one product shares the hash tag `{p<id>}`, so a Lua script that touches a
-//! product's stock, buyers, outbox and results stays inside one Redis Cluster slot. The
+//! A product's stock is split into buckets. Every key of one bucket shares the hash tag
+//! `{p<id>.b<n>}`, so a Lua script that touches a bucket's stock, buyers, outbox and results
+//! stays inside one Redis Cluster slot, and buckets of one product spread over the cluster.
+//! Product-wide keys (load lock, sold-out state, null cache) use the tag `{p<id>}`. The
 //! namespace prefix lets tests (and tenants) share one Redis without touching each other.
 
 /// Builds the keys of one namespace.
@@ -22,30 +24,54 @@ impl RedisKeys {
         format!("{}:{{p{}}}:{}", self.ns, product_id, suffix)
     }
 
-    /// Hash `remaining`, `total`, `start_ms`, `end_ms`: the sellable stock. Its existence
-    /// means "loaded"; it has no TTL, so a reload can only follow a Redis data loss.
-    pub fn stock(&self, product_id: i64) -> String {
-        self.product(product_id, "stock")
+    fn bucket(&self, product_id: i64, bucket: u16, suffix: &str) -> String {
+        format!("{}:{{p{}.b{}}}:{}", self.ns, product_id, bucket, suffix)
     }
 
-    /// Set of user ids that hold a unit of this product.
-    pub fn buyers(&self, product_id: i64) -> String {
-        self.product(product_id, "buyers")
+    /// Hash `remaining`, `share`, `start_ms`, `end_ms`: the units this bucket can still sell.
+    /// Its existence means "this bucket is loaded".
+    pub fn stock(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "stock")
     }
 
-    /// Stream of accepted purchases not yet confirmed by RabbitMQ (the outbox).
-    pub fn outbox(&self, product_id: i64) -> String {
-        self.product(product_id, "outbox")
+    /// Hash user id → purchase marker, for the users whose home is this bucket.
+    pub fn buyers(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "buyers")
     }
 
-    /// Hash user id → [`crate::PurchaseResult`] text.
-    pub fn results(&self, product_id: i64) -> String {
-        self.product(product_id, "results")
+    /// Hash user id → request id, for units this bucket gave to users homed elsewhere.
+    pub fn takers(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "takers")
+    }
+
+    /// Stream of this bucket's accepted purchases not yet confirmed by RabbitMQ (the outbox).
+    pub fn outbox(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "outbox")
+    }
+
+    /// Hash user id → [`crate::PurchaseResult`] text, for the users homed in this bucket.
+    pub fn results(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "results")
+    }
+
+    /// The product's buyer-visible result key for `user_id` (in the user's home bucket).
+    pub fn result_of(&self, product_id: i64, buckets: u16, user_id: i64) -> String {
+        self.results(product_id, home_bucket(user_id, buckets))
+    }
+
+    /// Hash `gen` (bumped whenever units go back on sale) and `sold_out`.
+    pub fn product_state(&self, product_id: i64) -> String {
+        self.product(product_id, "state")
     }
 
     /// The lazy-load lock.
     pub fn load_lock(&self, product_id: i64) -> String {
         self.product(product_id, "load-lock")
+    }
+
+    /// Null-cache entry: "no such product" (a bloom filter false positive), short-lived.
+    pub fn missing_product(&self, product_id: i64) -> String {
+        self.product(product_id, "missing")
     }
 
     /// Set of outbox stream keys the relay must drain. A stream is registered before its
@@ -66,21 +92,53 @@ impl RedisKeys {
     }
 }
 
+/// The bucket that holds `user_id`'s purchase marker and result among `buckets` buckets.
+///
+/// Shared by every service (order-service writes results there). The id is mixed first
+/// (SplitMix64's finaliser) so that sequential or patterned ids spread evenly.
+pub fn home_bucket(user_id: i64, buckets: u16) -> u16 {
+    let mut z = (user_id as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % u64::from(buckets.max(1))) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn keys_of_one_product_share_one_hash_tag() {
+    fn keys_of_one_bucket_share_one_hash_tag() {
         let keys = RedisKeys::new("t1");
         for key in [
-            keys.stock(9),
-            keys.buyers(9),
-            keys.outbox(9),
-            keys.results(9),
+            keys.stock(9, 3),
+            keys.buyers(9, 3),
+            keys.takers(9, 3),
+            keys.outbox(9, 3),
+            keys.results(9, 3),
         ] {
-            assert!(key.starts_with("t1:{p9}:"), "{key}");
+            assert!(key.starts_with("t1:{p9.b3}:"), "{key}");
         }
-        assert_ne!(keys.stock(9), keys.stock(90));
+        assert!(keys.product_state(9).starts_with("t1:{p9}:"));
+        assert_ne!(keys.stock(9, 3), keys.stock(9, 4));
+        assert_ne!(keys.stock(9, 0), keys.stock(90, 0));
+    }
+
+    #[test]
+    fn home_buckets_are_stable_in_range_and_spread() {
+        let mut counts = [0u32; 16];
+        for user in 1..=16_000 {
+            let home = home_bucket(user, 16);
+            assert_eq!(home, home_bucket(user, 16));
+            counts[usize::from(home)] += 1;
+        }
+        // Sequential ids land within 10 % of the even share.
+        assert!(
+            counts.iter().all(|&c| (900..=1100).contains(&c)),
+            "{counts:?}"
+        );
+        assert_eq!(home_bucket(-5, 1), 0);
+        assert_eq!(home_bucket(42, 0), 0);
     }
 }

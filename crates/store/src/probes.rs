@@ -19,11 +19,11 @@ pub fn postgres(db: sqlx::PgPool) -> Probe {
 }
 
 /// Passes when Redis answers `PING`.
-pub fn redis(pool: deadpool_redis::Pool) -> Probe {
+pub fn redis(redis: crate::Redis) -> Probe {
     Arc::new(move || {
-        let pool = pool.clone();
+        let redis = redis.clone();
         Box::pin(async move {
-            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            let mut conn = redis.get().await.map_err(|e| e.to_string())?;
             redis::cmd("PING")
                 .query_async::<String>(&mut conn)
                 .await

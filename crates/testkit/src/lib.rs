@@ -6,7 +6,12 @@
 //! (`scripts/test.sh` also sweeps leftovers of crashed runs).
 //!
 //! Servers default to the local ones; `SECKILL_TEST_POSTGRES`, `SECKILL_TEST_REDIS` and
-//! `SECKILL_TEST_AMQP` point elsewhere.
+//! `SECKILL_TEST_AMQP` point elsewhere. `SECKILL_TEST_REDIS_CLUSTER` (comma-separated seed
+//! URLs, as `scripts/redis-cluster.sh url` prints) runs the same tests on a Redis Cluster.
+
+pub mod broker;
+
+pub use broker::OwnBroker;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -32,8 +37,10 @@ pub struct TestNamespace {
     pub namespace: String,
     /// A database URL naming `seckill_t_<id>` (created by the service under test).
     pub database_url: String,
-    /// Redis URL.
+    /// Redis URL (with `redis_cluster`, the cluster's comma-separated seed URLs).
     pub redis_url: String,
+    /// Whether Redis is a cluster.
+    pub redis_cluster: bool,
     /// RabbitMQ URL.
     pub amqp_url: String,
 }
@@ -52,10 +59,15 @@ impl TestNamespace {
             "SECKILL_TEST_POSTGRES",
             "postgres://postgres:postgres@127.0.0.1:5432",
         );
+        let cluster = std::env::var("SECKILL_TEST_REDIS_CLUSTER")
+            .ok()
+            .filter(|seeds| !seeds.trim().is_empty());
         Self {
             namespace: format!("t_{id}"),
             database_url: format!("{postgres}/seckill_t_{id}"),
-            redis_url: env_or("SECKILL_TEST_REDIS", "redis://127.0.0.1:6379"),
+            redis_cluster: cluster.is_some(),
+            redis_url: cluster
+                .unwrap_or_else(|| env_or("SECKILL_TEST_REDIS", "redis://127.0.0.1:6379")),
             amqp_url: env_or("SECKILL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2f"),
         }
     }
@@ -66,6 +78,7 @@ impl TestNamespace {
             host: "127.0.0.1".into(),
             database_url: Secret::new(&self.database_url),
             redis_url: Secret::new(&self.redis_url),
+            redis_cluster: self.redis_cluster,
             amqp_url: Secret::new(&self.amqp_url),
             namespace: self.namespace.clone(),
             internal_key: Secret::new(INTERNAL_KEY),
@@ -91,11 +104,11 @@ impl TestNamespace {
             .expect("connect to the test database")
     }
 
-    /// A Redis connection.
-    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis_url.as_str())
+    /// A Redis connection (a cluster one when testing on a cluster).
+    pub async fn redis(&self) -> seckill_store::RedisConn {
+        seckill_store::Redis::new(&self.redis_url, self.redis_cluster, 1)
             .expect("redis url")
-            .get_multiplexed_async_connection()
+            .get()
             .await
             .expect("connect to redis")
     }
@@ -136,9 +149,10 @@ impl TestNamespace {
             .query_async(&mut redis)
             .await
             .unwrap_or_default();
-        if !keys.is_empty() {
+        // One key per DEL: on a cluster the keys live in many slots.
+        for key in keys {
             let _: redis::RedisResult<()> =
-                redis::cmd("DEL").arg(&keys).query_async(&mut redis).await;
+                redis::cmd("DEL").arg(&key).query_async(&mut redis).await;
         }
         let (connection, channel) = self.channel().await;
         let _ = self.topology().delete(&channel).await;

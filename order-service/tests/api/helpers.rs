@@ -128,7 +128,7 @@ impl TestApp {
     pub async fn stored_result(&self, product_id: i64, user_id: i64) -> Option<String> {
         let mut redis = self.ns.redis().await;
         redis::cmd("HGET")
-            .arg(self.ns.keys().results(product_id))
+            .arg(self.ns.keys().result_of(product_id, 1, user_id)) // products made here have one bucket
             .arg(user_id)
             .query_async(&mut redis)
             .await

@@ -5,7 +5,7 @@ mod purchase;
 mod reconcile;
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 
 use crate::state::AppState;
 
@@ -17,6 +17,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/products", get(products::list))
         .route("/api/products/{product_id}", get(products::get))
         .route("/admin/products", post(products::create))
+        .route("/admin/products/{product_id}", patch(products::update))
         .route("/admin/products/{product_id}/stock", get(reconcile::stock))
         .with_state(state)
 }

@@ -1,4 +1,4 @@
-//! Product routes: public reads and the admin create.
+//! Product routes: public reads, the admin create and the admin edit.
 
 use axum::Json;
 use axum::extract::State;
@@ -8,7 +8,7 @@ use serde::Serialize;
 use seckill_auth::{AdminIdentity, Identity};
 use seckill_http::{JsonBody, PathId};
 
-use crate::catalog::{NewProduct, Product};
+use crate::catalog::{Edit, NewProduct, Product, ProductChanges};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -26,7 +26,7 @@ pub struct ProductView {
 async fn view(state: &AppState, product: Product) -> Result<ProductView, ApiError> {
     let remaining = state
         .stock
-        .remaining(product.id)
+        .remaining(&product)
         .await?
         .unwrap_or(i64::from(product.stock_total));
     Ok(ProductView {
@@ -70,11 +70,39 @@ pub async fn create(
     JsonBody(new): JsonBody<NewProduct>,
 ) -> Result<(StatusCode, Json<Product>), ApiError> {
     new.validate().map_err(ApiError::InvalidRequest)?;
-    let product = state.catalog.create(&new).await?;
+    let product = state.catalog.create(&new, state.default_buckets).await?;
     tracing::info!(
         product_id = product.id,
         stock = product.stock_total,
         "product created"
     );
     Ok((StatusCode::CREATED, Json(product)))
+}
+
+/// `PATCH /admin/products/{id}`: changes the name, price or sale window. Every replica drops
+/// its cached copy (through the update trigger); the loaded stock buckets get the new window
+/// here, so the answer means purchases already follow it.
+#[tracing::instrument(skip_all, fields(admin = admin.0.user_id, product_id = product_id))]
+pub async fn update(
+    State(state): State<AppState>,
+    admin: AdminIdentity,
+    PathId(product_id): PathId,
+    JsonBody(changes): JsonBody<ProductChanges>,
+) -> Result<Json<Product>, ApiError> {
+    changes.validate().map_err(ApiError::InvalidRequest)?;
+    let product = match state.catalog.update(product_id, &changes).await? {
+        Edit::Applied(product) => product,
+        Edit::NotFound => return Err(ApiError::ProductNotFound),
+        Edit::Rejected(reason) => return Err(ApiError::InvalidRequest(reason)),
+    };
+    // Postgres already holds the change, so a failure here is a 503 the admin retries (the
+    // same PATCH again is harmless); the other replicas' change listeners apply it too.
+    state.stock.update_window(&product).await?;
+    tracing::info!(
+        start_at = %product.start_at,
+        end_at = %product.end_at,
+        price_cents = product.price_cents,
+        "product changed"
+    );
+    Ok(Json(product))
 }

@@ -129,10 +129,12 @@ async fn run(
         Err(_) => "error",
     };
     metrics::counter!("seckill_purchases_total", "outcome" => label).increment(1);
-    if outcome.is_ok() {
-        state.relay_wakeup.notify_one();
-    }
-    outcome
+    outcome.map(|(request_id, bucket)| {
+        state
+            .relay_hints
+            .hint(state.keys.outbox(product_id, bucket));
+        request_id
+    })
 }
 
 async fn decide(
@@ -140,7 +142,7 @@ async fn decide(
     identity: &Identity,
     product_id: i64,
     headers: &HeaderMap,
-) -> Result<Uuid, ApiError> {
+) -> Result<(Uuid, u16), ApiError> {
     let product = state
         .catalog
         .get(product_id)
@@ -151,6 +153,7 @@ async fn decide(
         return Err(ApiError::ActivityNotActive);
     }
     if state.sold_out.contains_key(&product_id) {
+        metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "local").increment(1);
         return Err(ApiError::SoldOut);
     }
     let request_id = Uuid::now_v7();
@@ -177,7 +180,7 @@ async fn decide(
         })
         .await?;
     match decision {
-        Decision::Accepted => Ok(request_id),
+        Decision::Accepted { bucket } => Ok((request_id, bucket)),
         Decision::AlreadyPurchased => Err(ApiError::AlreadyPurchased),
         Decision::NotActive => Err(ApiError::ActivityNotActive),
         Decision::SoldOut => {
@@ -206,14 +209,18 @@ pub async fn result(
     identity: Identity,
     PathId(product_id): PathId,
 ) -> Result<Json<ResultBody>, ApiError> {
-    state
+    let product = state
         .catalog
         .get(product_id)
         .await?
         .ok_or(ApiError::ProductNotFound)?;
     let mut conn = state.redis.get().await?;
     let stored: Option<String> = redis::cmd("HGET")
-        .arg(state.keys.results(product_id))
+        .arg(
+            state
+                .keys
+                .result_of(product_id, product.buckets(), identity.user_id),
+        )
         .arg(identity.user_id)
         .query_async(&mut conn)
         .await?;

@@ -21,8 +21,15 @@ pub struct StockReport {
     pub redis_remaining: i64,
     /// Whether Redis holds the stock yet (it loads on the first purchase).
     pub loaded: bool,
-    /// Accepted purchases whose order is not written yet (buyer results still `queued`).
+    /// Accepted purchases whose order is not written yet (buyer results still `queued`):
+    /// in the outbox, in RabbitMQ, or being written.
     pub in_flight: i64,
+    /// Of those, entries still in the outbox streams (not yet confirmed by RabbitMQ).
+    pub outbox: i64,
+    /// Buckets the stock is split into.
+    pub buckets: u16,
+    /// Whether the sold-out flag is up.
+    pub sold_out_flag: bool,
     /// Live orders in Postgres.
     pub orders: i64,
     /// `stock_total - redis_remaining - in_flight - orders`: units unaccounted for (e.g. a
@@ -47,21 +54,31 @@ pub async fn stock(
     .bind(product_id)
     .fetch_one(state.catalog.db())
     .await?;
-    let remaining = state.stock.remaining(product_id).await?;
-    let mut conn = state.redis.get().await?;
-    let results: Vec<String> = redis::cmd("HVALS")
-        .arg(state.keys.results(product_id))
-        .query_async(&mut conn)
-        .await?;
-    let in_flight = results
-        .iter()
-        .filter(|r| {
-            matches!(
-                PurchaseResult::decode(r),
-                Some(PurchaseResult::Queued { .. })
-            )
-        })
-        .count() as i64;
+    let remaining = state.stock.remaining(&product).await?;
+    let buckets = product.buckets();
+    let (mut in_flight, mut outbox) = (0i64, 0i64);
+    for bucket in 0..buckets {
+        let mut conn = state.redis.get().await?;
+        let results: Vec<String> = redis::cmd("HVALS")
+            .arg(state.keys.results(product_id, bucket))
+            .query_async(&mut conn)
+            .await?;
+        in_flight += results
+            .iter()
+            .filter(|r| {
+                matches!(
+                    PurchaseResult::decode(r),
+                    Some(PurchaseResult::Queued { .. })
+                )
+            })
+            .count() as i64;
+        let len: i64 = redis::cmd("XLEN")
+            .arg(state.keys.outbox(product_id, bucket))
+            .query_async(&mut conn)
+            .await?;
+        outbox += len;
+    }
+    let sold_out_flag = state.stock.is_flagged_sold_out(product_id).await?;
     let stock_total = i64::from(product.stock_total);
     let redis_remaining = remaining.unwrap_or(stock_total - orders);
     Ok(Json(StockReport {
@@ -69,6 +86,9 @@ pub async fn stock(
         redis_remaining,
         loaded: remaining.is_some(),
         in_flight,
+        outbox,
+        buckets,
+        sold_out_flag,
         orders,
         drift: stock_total - redis_remaining - in_flight - orders,
     }))

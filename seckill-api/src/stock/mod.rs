@@ -1,13 +1,51 @@
-//! The Redis stock engine: lazy loading under a lock, and the purchase step.
+//! The Redis stock engine: sharded buckets, the purchase step, lazy loading under a lock.
 //!
-//! Stock is not preloaded. The first purchase of a product finds its stock hash missing,
-//! takes the product's load lock (`SET NX PX` with a random token), loads remaining units
-//! and existing buyers from Postgres with a script that refuses to overwrite a loaded hash,
-//! and releases the lock by compare-and-delete. Other requests wait with backoff, bounded
-//! by `load_wait_ms`, re-checking whether the load happened.
+//! # Buckets
+//! A product's stock is split into N buckets (`products.stock_buckets`), each a few keys
+//! with its own hash tag, so one product's load spreads over a Redis Cluster and no script
+//! ever touches two slots. Every buyer has a **home bucket** (`home_bucket(user, N)`), which
+//! holds their purchase marker and their result. That is what keeps "one unit per user"
+//! exact: whichever bucket the unit comes from, the decision that this user may buy is made
+//! in one place.
 //!
-//! The stock hash has no TTL: it lives as long as the sale, so a reload only follows a
-//! Redis data loss, and then the buyers set is rebuilt from orders too.
+//! # The purchase
+//! 1. `purchase.lua` on the home bucket: window, marker, and if the home bucket has a unit,
+//!    deduct + marker + outbox entry + result, atomically. This is the whole hot path.
+//! 2. If the home bucket is dry, a **sweep**: read the product's sold-out flag (and its
+//!    generation), reserve the marker in the home bucket (`reserve.lua`), then visit every
+//!    bucket (from a random start, so sweeping buyers do not pile onto one donor) with
+//!    `take.lua`, which deducts one unit and writes the outbox entry in *that* bucket's slot.
+//!    The first unit found is the buyer's; `settle.lua` turns the reservation into a marker
+//!    that says where it came from. If every bucket was dry, the reservation is released,
+//!    the flag is raised (unless the generation moved) and the answer is sold out.
+//!
+//! Why this and not moving stock between buckets: a transfer takes units out of one slot
+//! and puts them into another in two steps, so a crash or a concurrent sweep can strand
+//! units in transit and turn a buyer away while stock exists. A sweep never moves stock:
+//! a unit leaves a bucket only inside the script that also writes its outbox entry. Units
+//! only decrease during a sale, so a sweep that found every bucket dry proves the product
+//! was sold out when it finished: **no buyer hears `sold_out` while a bucket holds stock**.
+//! (A unit put back by a cancellation is bumped through the generation, see
+//! `sold_out.lua`.) The price is a few extra round trips for buyers whose home ran dry,
+//! which only happens near the end of a sale; the flags then keep late requests off Lua.
+//!
+//! # Abandoned reservations
+//! A replica can die between `reserve` and `settle`. `take.lua` refuses a reservation older
+//! than `sweep_fence_ms` (Redis' clock), so once a reservation is older than the fence plus
+//! a clock-skew margin, no sweep can still take a unit for it. The next purchase by that
+//! user then finds the marker stale, looks for a unit taken under that reservation in
+//! every bucket's `takers` hash, and either settles the marker (the user holds a unit: 409)
+//! or releases it and buys normally.
+//!
+//! # Loading
+//! Stock is not preloaded. A purchase that finds its bucket missing takes the product's load
+//! lock (`SET NX PX` with a random token, TTL shorter than the request deadline), loads the
+//! remaining units (`stock_total - live orders`) split over the buckets and each existing
+//! buyer's marker into their home bucket, with a script that refuses to overwrite a loaded
+//! bucket, and releases the lock by compare-and-delete. Others wait with jittered backoff,
+//! bounded by `load_wait_ms`. A bucket's share only shrinks as orders grow, so finishing a
+//! half-done load later can never put back a unit that was sold. Bucket keys expire an hour
+//! after the sale ends plus a random spread (no expiry storm); the outbox never expires.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +53,7 @@ use redis::Script;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use seckill_store::RedisKeys;
+use seckill_store::{Redis, RedisKeys, home_bucket};
 
 use crate::catalog::Product;
 use crate::error::ApiError;
@@ -23,8 +61,11 @@ use crate::error::ApiError;
 /// How one purchase attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// A unit was reserved and the order intent is in the outbox.
-    Accepted,
+    /// A unit was reserved and the order intent is in the outbox of `bucket`.
+    Accepted {
+        /// The bucket whose outbox holds the order intent.
+        bucket: u16,
+    },
     /// No units left.
     SoldOut,
     /// This user already holds a unit.
@@ -48,129 +89,441 @@ pub struct PurchaseRequest<'a> {
     pub http_request_id: &'a str,
 }
 
+/// The engine's timing settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// Lazy-load lock lifetime.
+    pub lock_ttl: Duration,
+    /// How long a request waits for another loader.
+    pub load_wait: Duration,
+    /// How long after its reservation a sweep may take a unit.
+    pub sweep_fence: Duration,
+    /// Extra age before an abandoned reservation is resolved (clock skew between nodes).
+    pub skew_margin: Duration,
+}
+
+struct Scripts {
+    purchase: Script,
+    reserve: Script,
+    take: Script,
+    settle: Script,
+    sold_out: Script,
+    load: Script,
+    window: Script,
+    unlock: Script,
+}
+
 /// Deducts stock in Redis; cheap to clone.
 #[derive(Clone)]
 pub struct StockEngine {
-    redis: deadpool_redis::Pool,
+    redis: Redis,
     db: PgPool,
     keys: RedisKeys,
-    purchase: Script,
-    load: Script,
-    unlock: Script,
-    lock_ttl: Duration,
-    load_wait: Duration,
+    scripts: std::sync::Arc<Scripts>,
+    timings: Timings,
 }
 
 impl std::fmt::Debug for StockEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StockEngine").finish_non_exhaustive()
+        f.debug_struct("StockEngine")
+            .field("timings", &self.timings)
+            .finish_non_exhaustive()
     }
 }
 
+/// What the home bucket said.
+enum Home {
+    Accepted,
+    Dry,
+    AlreadyPurchased,
+    NotActive,
+    NotLoaded,
+    Abandoned(String),
+}
+
+/// Bucket keys expire this long after the sale ends, plus up to [`EXPIRY_SPREAD`].
+const EXPIRY_GRACE: Duration = Duration::from_secs(3600);
+const EXPIRY_SPREAD: Duration = Duration::from_secs(600);
+
 impl StockEngine {
-    /// An engine over these stores; see `Settings` for the two durations.
-    pub fn new(
-        redis: deadpool_redis::Pool,
-        db: PgPool,
-        keys: RedisKeys,
-        lock_ttl: Duration,
-        load_wait: Duration,
-    ) -> Self {
+    /// An engine over these stores.
+    pub fn new(redis: Redis, db: PgPool, keys: RedisKeys, timings: Timings) -> Self {
         Self {
             redis,
             db,
             keys,
-            purchase: Script::new(include_str!("purchase.lua")),
-            load: Script::new(include_str!("load.lua")),
-            unlock: Script::new(include_str!("unlock.lua")),
-            lock_ttl,
-            load_wait,
+            scripts: std::sync::Arc::new(Scripts {
+                purchase: Script::new(include_str!("purchase.lua")),
+                reserve: Script::new(include_str!("reserve.lua")),
+                take: Script::new(include_str!("take.lua")),
+                settle: Script::new(include_str!("settle.lua")),
+                sold_out: Script::new(include_str!("sold_out.lua")),
+                load: Script::new(include_str!("load.lua")),
+                window: Script::new(include_str!("window.lua")),
+                unlock: Script::new(include_str!("unlock.lua")),
+            }),
+            timings,
         }
     }
 
     /// Decides one purchase, loading the product's stock first if Redis does not have it.
     pub async fn purchase(&self, req: &PurchaseRequest<'_>) -> Result<Decision, ApiError> {
-        let id = req.product.id;
-        for _ in 0..3 {
-            let started = Instant::now();
-            let mut conn = self.redis.get().await?;
-            let invoked: redis::RedisResult<i64> = self
-                .purchase
-                .key(self.keys.stock(id))
-                .key(self.keys.buyers(id))
-                .key(self.keys.outbox(id))
-                .key(self.keys.results(id))
-                .arg(req.user_id)
-                .arg(req.request_id.to_string())
-                .arg(req.payload)
-                .arg(req.http_request_id)
-                .invoke_async(&mut conn)
-                .await;
-            // Give the connection back before a load or a check, which need connections of
-            // their own: holding one while waiting for another starves the pool in a burst.
-            drop(conn);
-            let code = match invoked {
-                Ok(code) => code,
-                Err(e) => {
-                    // A timeout or a dropped connection loses the answer, not necessarily the
-                    // effect: if the script ran, this purchase holds a unit and must get 202.
-                    if self.was_accepted(req).await {
-                        tracing::warn!(error = %e, "purchase script answer lost, but it ran");
-                        return Ok(Decision::Accepted);
+        let home = home_bucket(req.user_id, req.product.buckets());
+        for _ in 0..4 {
+            match self.try_home(req, home).await? {
+                Home::Accepted => return Ok(Decision::Accepted { bucket: home }),
+                Home::AlreadyPurchased => return Ok(Decision::AlreadyPurchased),
+                Home::NotActive => return Ok(Decision::NotActive),
+                Home::Dry => return self.sweep(req, home).await,
+                Home::NotLoaded => self.ensure_loaded(req.product).await?,
+                Home::Abandoned(marker) => {
+                    if self.resolve_abandoned(req, home, &marker).await? {
+                        return Ok(Decision::AlreadyPurchased);
                     }
-                    return Err(e.into());
-                }
-            };
-            metrics::histogram!("seckill_lua_seconds").record(started.elapsed().as_secs_f64());
-            match code {
-                1 => return Ok(Decision::Accepted),
-                0 => return Ok(Decision::SoldOut),
-                -1 => return Ok(Decision::AlreadyPurchased),
-                -2 => return Ok(Decision::NotActive),
-                -3 => self.ensure_loaded(req.product).await?,
-                other => {
-                    return Err(ApiError::Internal(anyhow::anyhow!(
-                        "purchase script returned {other}"
-                    )));
                 }
             }
         }
         Err(ApiError::Unavailable("stock did not load".into()))
     }
 
-    /// Whether the purchase script recorded this very request: the buyer's result says
-    /// queued with this request id. (If order-service already turned it into `success`
-    /// within the timeout, this says no and the buyer gets a 503 for a purchase that
-    /// stands; the result endpoint still shows it.)
-    async fn was_accepted(&self, req: &PurchaseRequest<'_>) -> bool {
+    async fn try_home(&self, req: &PurchaseRequest<'_>, home: u16) -> Result<Home, ApiError> {
+        let id = req.product.id;
+        let started = Instant::now();
+        let mut conn = self.redis.get().await?;
+        let stale = self.timings.sweep_fence + self.timings.skew_margin;
+        let invoked: redis::RedisResult<(i64, String)> = self
+            .scripts
+            .purchase
+            .key(self.keys.stock(id, home))
+            .key(self.keys.buyers(id, home))
+            .key(self.keys.outbox(id, home))
+            .key(self.keys.results(id, home))
+            .arg(req.user_id)
+            .arg(req.request_id.to_string())
+            .arg(req.payload)
+            .arg(req.http_request_id)
+            .arg(stale.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await;
+        // Give the connection back before a load or a check, which need connections of
+        // their own: holding one while waiting for another starves the pool in a burst.
+        drop(conn);
+        let (code, detail) = match invoked {
+            Ok(answer) => answer,
+            Err(e) => {
+                // A timeout or a dropped connection loses the answer, not necessarily the
+                // effect: if the script ran, this purchase holds a unit and must get 202.
+                let marker = format!("h:{}", req.request_id);
+                if self
+                    .field_is(&self.keys.buyers(id, home), req.user_id, &marker)
+                    .await
+                {
+                    tracing::warn!(error = %e, "purchase script answer lost, but it ran");
+                    return Ok(Home::Accepted);
+                }
+                return Err(e.into());
+            }
+        };
+        record_lua("purchase", started);
+        Ok(match code {
+            1 => Home::Accepted,
+            0 => Home::Dry,
+            -1 => Home::AlreadyPurchased,
+            -2 => Home::NotActive,
+            -3 => Home::NotLoaded,
+            -5 => Home::Abandoned(detail),
+            other => {
+                return Err(ApiError::Internal(anyhow::anyhow!(
+                    "purchase script returned {other}"
+                )));
+            }
+        })
+    }
+
+    /// The home bucket is dry: look for a unit in every bucket (see the module docs).
+    async fn sweep(&self, req: &PurchaseRequest<'_>, home: u16) -> Result<Decision, ApiError> {
+        let product = req.product;
+        let id = product.id;
+        let mut conn = self.redis.get().await?;
+        let (sold_out, generation): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys.product_state(id))
+            .arg("sold_out")
+            .arg("gen")
+            .query_async(&mut conn)
+            .await?;
+        if sold_out.is_some() {
+            metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "redis").increment(1);
+            return Ok(Decision::SoldOut);
+        }
+        metrics::counter!("seckill_bucket_sweeps_total").increment(1);
+        let started = Instant::now();
+        let reserved_at: i64 = self
+            .scripts
+            .reserve
+            .key(self.keys.buyers(id, home))
+            .key(self.keys.stock(id, home))
+            .arg(req.user_id)
+            .invoke_async(&mut conn)
+            .await?;
+        drop(conn);
+        record_lua("reserve", started);
+        if reserved_at < 0 {
+            return Ok(Decision::AlreadyPurchased);
+        }
+        let reservation = format!("r:{reserved_at}");
+        let buckets = product.buckets();
+        let start = rand::random_range(0..buckets);
+        for step in 0..buckets {
+            let bucket = (start + step) % buckets;
+            let mut taken = self.take(req, bucket, reserved_at).await;
+            if matches!(taken, Ok(-3)) {
+                // A load that died half-way left this bucket out: finish it, then retry.
+                self.ensure_loaded(product).await?;
+                taken = self.take(req, bucket, reserved_at).await;
+            }
+            match taken {
+                Ok(1) => {
+                    metrics::counter!("seckill_bucket_takes_total").increment(1);
+                    let marker = format!("t{bucket}:{}", req.request_id);
+                    let result = format!("queued:{}", req.request_id);
+                    if let Err(e) = self
+                        .settle(id, home, req.user_id, &reservation, &marker, &result)
+                        .await
+                    {
+                        // The unit and its outbox entry stand; the reservation is resolved
+                        // later from the takers hash.
+                        tracing::warn!(error = %e, "could not settle a swept purchase");
+                    }
+                    return Ok(Decision::Accepted { bucket });
+                }
+                Ok(0) => {}
+                Ok(-2) => {
+                    self.release(id, home, req.user_id, &reservation).await?;
+                    return Ok(Decision::NotActive);
+                }
+                Ok(-4) => {
+                    self.release(id, home, req.user_id, &reservation).await?;
+                    return Err(ApiError::Unavailable("purchase took too long".into()));
+                }
+                Ok(other) => {
+                    return Err(ApiError::Internal(anyhow::anyhow!(
+                        "take script returned {other}"
+                    )));
+                }
+                // The take may or may not have run: keep the reservation, which a later
+                // purchase resolves once it is past the fence.
+                Err(e) => return Err(e),
+            }
+        }
+        self.release(id, home, req.user_id, &reservation).await?;
+        self.raise_sold_out(product, generation.unwrap_or_default())
+            .await?;
+        Ok(Decision::SoldOut)
+    }
+
+    /// One sweep step on `bucket`; a lost answer is recovered from the takers hash.
+    async fn take(
+        &self,
+        req: &PurchaseRequest<'_>,
+        bucket: u16,
+        reserved_at: i64,
+    ) -> Result<i64, ApiError> {
+        let id = req.product.id;
+        let started = Instant::now();
+        let mut conn = self.redis.get().await?;
+        let invoked: redis::RedisResult<i64> = self
+            .scripts
+            .take
+            .key(self.keys.stock(id, bucket))
+            .key(self.keys.takers(id, bucket))
+            .key(self.keys.outbox(id, bucket))
+            .arg(req.user_id)
+            .arg(req.request_id.to_string())
+            .arg(req.payload)
+            .arg(req.http_request_id)
+            .arg(reserved_at)
+            .arg(self.timings.sweep_fence.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await;
+        drop(conn);
+        match invoked {
+            Ok(code) => {
+                record_lua("take", started);
+                Ok(code)
+            }
+            Err(e) => {
+                let mine = format!("{reserved_at}:{}", req.request_id);
+                if self
+                    .field_is(&self.keys.takers(id, bucket), req.user_id, &mine)
+                    .await
+                {
+                    tracing::warn!(error = %e, "take script answer lost, but it ran");
+                    return Ok(1);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        product_id: i64,
+        home: u16,
+        user_id: i64,
+        reservation: &str,
+        marker: &str,
+        result: &str,
+    ) -> Result<bool, ApiError> {
+        let mut conn = self.redis.get().await?;
+        let settled: i64 = self
+            .scripts
+            .settle
+            .key(self.keys.buyers(product_id, home))
+            .key(self.keys.results(product_id, home))
+            .arg(user_id)
+            .arg(reservation)
+            .arg(marker)
+            .arg(result)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(settled == 1)
+    }
+
+    async fn release(
+        &self,
+        product_id: i64,
+        home: u16,
+        user_id: i64,
+        reservation: &str,
+    ) -> Result<bool, ApiError> {
+        self.settle(product_id, home, user_id, reservation, "", "")
+            .await
+    }
+
+    /// A reservation past the fence: did its sweep take a unit? Settles the marker
+    /// accordingly; returns whether the user holds a unit.
+    async fn resolve_abandoned(
+        &self,
+        req: &PurchaseRequest<'_>,
+        home: u16,
+        reservation: &str,
+    ) -> Result<bool, ApiError> {
+        let id = req.product.id;
+        let reserved_at = reservation.trim_start_matches("r:");
+        let prefix = format!("{reserved_at}:");
+        metrics::counter!("seckill_abandoned_reservations_total").increment(1);
+        for bucket in 0..req.product.buckets() {
+            let mut conn = self.redis.get().await?;
+            let taken: Option<String> = redis::cmd("HGET")
+                .arg(self.keys.takers(id, bucket))
+                .arg(req.user_id)
+                .query_async(&mut conn)
+                .await?;
+            drop(conn);
+            if let Some(request_id) = taken.as_deref().and_then(|t| t.strip_prefix(&prefix)) {
+                let marker = format!("t{bucket}:{request_id}");
+                let result = format!("queued:{request_id}");
+                self.settle(id, home, req.user_id, reservation, &marker, &result)
+                    .await?;
+                tracing::info!(
+                    user_id = req.user_id,
+                    bucket,
+                    "abandoned reservation held a unit"
+                );
+                return Ok(true);
+            }
+        }
+        self.release(id, home, req.user_id, reservation).await?;
+        tracing::info!(user_id = req.user_id, "abandoned reservation released");
+        Ok(false)
+    }
+
+    async fn raise_sold_out(&self, product: &Product, generation: String) -> Result<(), ApiError> {
+        let mut conn = self.redis.get().await?;
+        let raised: i64 = self
+            .scripts
+            .sold_out
+            .key(self.keys.product_state(product.id))
+            .arg(generation)
+            .arg(expire_at_ms(product))
+            .invoke_async(&mut conn)
+            .await?;
+        if raised == 1 {
+            tracing::info!(product_id = product.id, "product sold out");
+            metrics::counter!("seckill_sold_out_flags_raised_total").increment(1);
+        }
+        Ok(())
+    }
+
+    /// Whether `HGET key field` equals `expected` (false when Redis cannot tell).
+    async fn field_is(&self, key: &str, field: i64, expected: &str) -> bool {
         let Ok(mut conn) = self.redis.get().await else {
             return false;
         };
         let stored: Option<String> = redis::cmd("HGET")
-            .arg(self.keys.results(req.product.id))
-            .arg(req.user_id)
+            .arg(key)
+            .arg(field)
             .query_async(&mut conn)
             .await
             .unwrap_or(None);
-        stored.as_deref() == Some(format!("queued:{}", req.request_id).as_str())
+        stored.as_deref() == Some(expected)
     }
 
-    /// Units left in Redis, or `None` when the stock is not loaded.
-    pub async fn remaining(&self, product_id: i64) -> Result<Option<i64>, ApiError> {
+    /// Units left in Redis over all buckets, or `None` when no bucket is loaded.
+    pub async fn remaining(&self, product: &Product) -> Result<Option<i64>, ApiError> {
+        let mut total = None;
+        for bucket in 0..product.buckets() {
+            let mut conn = self.redis.get().await?;
+            let remaining: Option<i64> = redis::cmd("HGET")
+                .arg(self.keys.stock(product.id, bucket))
+                .arg("remaining")
+                .query_async(&mut conn)
+                .await?;
+            if let Some(units) = remaining {
+                total = Some(total.unwrap_or(0) + units);
+            }
+        }
+        Ok(total)
+    }
+
+    /// Whether the product's sold-out flag is up in Redis.
+    pub async fn is_flagged_sold_out(&self, product_id: i64) -> Result<bool, ApiError> {
         let mut conn = self.redis.get().await?;
-        let remaining: Option<i64> = redis::cmd("HGET")
-            .arg(self.keys.stock(product_id))
-            .arg("remaining")
+        let flag: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.product_state(product_id))
+            .arg("sold_out")
             .query_async(&mut conn)
             .await?;
-        Ok(remaining)
+        Ok(flag.is_some())
     }
 
-    /// Makes sure the product's stock is in Redis, loading it under the product's lock.
+    /// Applies a changed sale window to the buckets already loaded (the others load with
+    /// the new one).
+    pub async fn update_window(&self, product: &Product) -> Result<(), ApiError> {
+        let id = product.id;
+        for bucket in 0..product.buckets() {
+            let mut conn = self.redis.get().await?;
+            let _: i64 = self
+                .scripts
+                .window
+                .key(self.keys.stock(id, bucket))
+                .key(self.keys.buyers(id, bucket))
+                .key(self.keys.takers(id, bucket))
+                .key(self.keys.results(id, bucket))
+                .arg(product.start_at.timestamp_millis())
+                .arg(product.end_at.timestamp_millis())
+                .arg(expire_at_ms(product))
+                .invoke_async(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Makes sure every bucket of the product is in Redis, loading under the product's lock.
     async fn ensure_loaded(&self, product: &Product) -> Result<(), ApiError> {
         let lock = self.keys.load_lock(product.id);
         let token = Uuid::new_v4().to_string();
-        let deadline = Instant::now() + self.load_wait;
+        let deadline = Instant::now() + self.timings.load_wait;
         let mut delay = Duration::from_millis(5);
         loop {
             let mut conn = self.redis.get().await?;
@@ -179,7 +532,7 @@ impl StockEngine {
                 .arg(&token)
                 .arg("NX")
                 .arg("PX")
-                .arg(self.lock_ttl.as_millis() as u64)
+                .arg(self.timings.lock_ttl.as_millis() as u64)
                 .query_async(&mut conn)
                 .await?;
             if acquired.is_some() {
@@ -187,6 +540,7 @@ impl StockEngine {
                 let loaded = self.load(product).await;
                 let mut conn = self.redis.get().await?;
                 let _: i64 = self
+                    .scripts
                     .unlock
                     .key(&lock)
                     .arg(&token)
@@ -194,25 +548,41 @@ impl StockEngine {
                     .await?;
                 return loaded;
             }
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(self.keys.stock(product.id))
+            let loaded: Option<String> = redis::cmd("HGET")
+                .arg(self.keys.product_state(product.id))
+                .arg("loaded")
                 .query_async(&mut conn)
                 .await?;
-            if exists {
+            drop(conn);
+            if loaded.is_some() && self.all_buckets_loaded(product).await? {
                 return Ok(());
             }
             if Instant::now() + delay > deadline {
                 return Err(ApiError::Unavailable("stock load in progress".into()));
             }
             metrics::counter!("seckill_load_lock_waits_total").increment(1);
-            drop(conn);
             tokio::time::sleep(delay.mul_f64(rand::random_range(0.5..1.5))).await;
             delay = (delay * 2).min(Duration::from_millis(200));
         }
     }
 
-    /// Loads remaining units and existing buyers from Postgres. Called under the lock.
+    async fn all_buckets_loaded(&self, product: &Product) -> Result<bool, ApiError> {
+        for bucket in 0..product.buckets() {
+            let mut conn = self.redis.get().await?;
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(self.keys.stock(product.id, bucket))
+                .query_async(&mut conn)
+                .await?;
+            if !exists {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Loads every missing bucket from Postgres. Called under the lock.
     async fn load(&self, product: &Product) -> Result<(), ApiError> {
+        let started = Instant::now();
         let buyers: Vec<i64> = sqlx::query_scalar(
             "SELECT user_id FROM orders WHERE product_id = $1 AND status <> 'cancelled'",
         )
@@ -220,36 +590,98 @@ impl StockEngine {
         .fetch_all(&self.db)
         .await?;
         let remaining = (i64::from(product.stock_total) - buyers.len() as i64).max(0);
-        let mut conn = self.redis.get().await?;
-        // Register the outbox (and its consumer group) before any unit can be sold, so the
-        // relay knows every stream that can hold an accepted purchase.
-        let outbox = self.keys.outbox(product.id);
-        let _: i64 = redis::cmd("SADD")
-            .arg(self.keys.outbox_registry())
-            .arg(&outbox)
-            .query_async(&mut conn)
-            .await?;
-        crate::relay::create_group(&mut conn, &outbox).await?;
-        let mut invocation = self.load.prepare_invoke();
-        invocation
-            .key(self.keys.stock(product.id))
-            .key(self.keys.buyers(product.id))
-            .arg(remaining)
-            .arg(product.stock_total)
-            .arg(product.start_at.timestamp_millis())
-            .arg(product.end_at.timestamp_millis());
-        for buyer in &buyers {
-            invocation.arg(buyer);
+        let buckets = product.buckets();
+        let mut homed: Vec<Vec<i64>> = vec![Vec::new(); usize::from(buckets)];
+        for buyer in buyers {
+            homed[usize::from(home_bucket(buyer, buckets))].push(buyer);
         }
-        let loaded: i64 = invocation.invoke_async(&mut conn).await?;
-        if loaded == 1 {
+        let mut conn = self.redis.get().await?;
+        let mut loaded_now = 0;
+        for (bucket, buyers) in (0..buckets).zip(&homed) {
+            // Register the outbox (and its consumer group) before any unit can be sold, so
+            // the relay knows every stream that can hold an accepted purchase.
+            let outbox = self.keys.outbox(product.id, bucket);
+            let _: i64 = redis::cmd("SADD")
+                .arg(self.keys.outbox_registry())
+                .arg(&outbox)
+                .query_async(&mut conn)
+                .await?;
+            crate::relay::create_group(&mut conn, &outbox).await?;
+            let mut invocation = self.scripts.load.prepare_invoke();
+            invocation
+                .key(self.keys.stock(product.id, bucket))
+                .key(self.keys.buyers(product.id, bucket))
+                .arg(share(remaining, buckets, bucket))
+                .arg(product.start_at.timestamp_millis())
+                .arg(product.end_at.timestamp_millis())
+                .arg(expire_at_ms(product));
+            for buyer in buyers {
+                invocation.arg(buyer);
+            }
+            let loaded: i64 = invocation.invoke_async(&mut conn).await?;
+            loaded_now += loaded;
+        }
+        redis::pipe()
+            .cmd("HSET")
+            .arg(self.keys.product_state(product.id))
+            .arg("loaded")
+            .arg("1")
+            .ignore()
+            .cmd("PEXPIREAT")
+            .arg(self.keys.product_state(product.id))
+            .arg(expire_at_ms(product))
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        if loaded_now > 0 {
             tracing::info!(
                 product_id = product.id,
                 remaining,
+                buckets,
+                loaded_now,
+                elapsed_ms = started.elapsed().as_millis() as u64,
                 "stock loaded into redis"
             );
             metrics::counter!("seckill_stock_loads_total").increment(1);
         }
         Ok(())
+    }
+}
+
+/// Bucket `bucket`'s share of `remaining` units over `buckets` buckets: as even as possible,
+/// and never larger for a smaller `remaining` (so a late, partial load cannot oversell).
+pub fn share(remaining: i64, buckets: u16, bucket: u16) -> i64 {
+    let n = i64::from(buckets.max(1));
+    remaining / n + i64::from(i64::from(bucket) < remaining % n)
+}
+
+/// When a product's bucket keys expire: an hour after the sale, spread over ten minutes.
+fn expire_at_ms(product: &Product) -> i64 {
+    let spread = rand::random_range(0..EXPIRY_SPREAD.as_millis() as i64);
+    product.end_at.timestamp_millis() + EXPIRY_GRACE.as_millis() as i64 + spread
+}
+
+fn record_lua(script: &'static str, started: Instant) {
+    metrics::histogram!("seckill_lua_seconds", "script" => script)
+        .record(started.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_and_never_grow_when_remaining_shrinks() {
+        for buckets in [1u16, 2, 3, 7, 16, 64] {
+            for remaining in 0..300i64 {
+                let total: i64 = (0..buckets).map(|b| share(remaining, buckets, b)).sum();
+                assert_eq!(total, remaining, "{remaining} over {buckets}");
+                if remaining > 0 {
+                    for b in 0..buckets {
+                        assert!(share(remaining - 1, buckets, b) <= share(remaining, buckets, b));
+                    }
+                }
+            }
+        }
     }
 }

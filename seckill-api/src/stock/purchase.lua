@@ -1,34 +1,50 @@
--- Decide one purchase atomically and record it in the outbox.
+-- Decide one purchase in the buyer's home bucket, atomically, and record it in the outbox.
 --
--- All keys share the product's hash tag, so this runs on one Redis Cluster slot.
--- KEYS[1] stock hash {remaining, total, start_ms, end_ms}
--- KEYS[2] buyers set (user ids holding a unit)
--- KEYS[3] outbox stream (order intents for the relay)
+-- The buyer's home bucket holds their purchase marker, so "one unit per user" is decided
+-- here whatever bucket the unit finally comes from. All keys share the bucket's hash tag:
+-- one Redis Cluster slot.
+-- KEYS[1] stock hash of the home bucket {remaining, share, start_ms, end_ms, expire_at}
+-- KEYS[2] buyers hash (user id -> marker: h:<request id> bought here,
+--         t<bucket>:<request id> bought from another bucket, o order loaded from Postgres,
+--         r:<ms> reservation of a sweep in progress)
+-- KEYS[3] outbox stream
 -- KEYS[4] results hash (user id -> buyer-visible result)
--- ARGV[1] user id
--- ARGV[2] request id (uuid)
--- ARGV[3] order message JSON
--- ARGV[4] HTTP request id (for tracing)
--- The window is checked against Redis' clock, one clock for every replica.
--- Returns: 1 accepted, 0 sold out, -1 already purchased, -2 outside the sale window,
---          -3 stock not loaded (the caller loads it and retries).
+-- ARGV[1] user id, ARGV[2] request id, ARGV[3] order message JSON, ARGV[4] HTTP request id
+-- ARGV[5] ms after which a reservation counts as abandoned (its sweep cannot take any more)
+-- Returns {code, detail}, detail '' unless said otherwise:
+--   { 1} accepted from the home bucket
+--   { 0} the home bucket is dry (nothing reserved; the caller sweeps the other buckets)
+--   {-1} this user already holds a unit (or is buying one right now)
+--   {-2} outside the sale window (Redis' clock: one clock for every replica)
+--   {-3} bucket not loaded (the caller loads the product and retries)
+--   {-5, marker} an abandoned reservation: the caller resolves it, then retries
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return -3
+  return {-3, ''}
 end
-local window = redis.call('HMGET', KEYS[1], 'start_ms', 'end_ms')
+local stock = redis.call('HMGET', KEYS[1], 'remaining', 'start_ms', 'end_ms', 'expire_at')
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-if now < tonumber(window[1]) or now >= tonumber(window[2]) then
-  return -2
+if now < tonumber(stock[2]) or now >= tonumber(stock[3]) then
+  return {-2, ''}
 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
-  return -1
+local marker = redis.call('HGET', KEYS[2], ARGV[1])
+if marker then
+  if string.sub(marker, 1, 2) == 'r:' and now - tonumber(string.sub(marker, 3)) > tonumber(ARGV[5]) then
+    return {-5, marker}
+  end
+  return {-1, ''}
 end
-if tonumber(redis.call('HGET', KEYS[1], 'remaining')) <= 0 then
-  return 0
+if tonumber(stock[1]) <= 0 then
+  return {0, ''}
 end
 redis.call('HINCRBY', KEYS[1], 'remaining', -1)
-redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], 'h:' .. ARGV[2])
 redis.call('XADD', KEYS[3], '*', 'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4])
 redis.call('HSET', KEYS[4], ARGV[1], 'queued:' .. ARGV[2])
-return 1
+-- Markers and results outlive the sale by a while (expire_at), then free the memory.
+for _, key in ipairs({KEYS[2], KEYS[4]}) do
+  if redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIREAT', key, stock[4])
+  end
+end
+return {1, ''}

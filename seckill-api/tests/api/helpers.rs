@@ -25,8 +25,19 @@ pub fn settings_for(ns: &TestNamespace) -> Settings {
 }
 
 pub async fn spawn_app() -> TestApp {
-    let ns = TestNamespace::new();
-    let app = Application::build(settings_for(&ns))
+    spawn_app_with(|_| {}).await
+}
+
+/// An app whose settings `configure` adjusts first.
+pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_in(TestNamespace::new(), configure).await
+}
+
+/// An app (a further replica, say) in an existing namespace.
+pub async fn spawn_app_in(ns: TestNamespace, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    let mut settings = settings_for(&ns);
+    configure(&mut settings);
+    let app = Application::build(settings)
         .await
         .expect("build seckill-api");
     let address = format!("http://127.0.0.1:{}", app.port());
@@ -63,6 +74,48 @@ impl TestApp {
         .await
     }
 
+    /// A product on sale now whose stock is split into `buckets` buckets.
+    pub async fn create_product_in_buckets(&self, stock: i32, buckets: i16) -> i64 {
+        let now = Utc::now();
+        let response = self
+            .client
+            .post(format!("{}/admin/products", self.address))
+            .headers(identity_headers(1, &["admin"]))
+            .json(&json!({
+                "name": "bucketed product",
+                "price_cents": 500,
+                "stock": stock,
+                "buckets": buckets,
+                "start_at": now - ChronoDuration::seconds(60),
+                "end_at": now + ChronoDuration::hours(1),
+            }))
+            .send()
+            .await
+            .expect("create product");
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["stock_buckets"], buckets, "{body}");
+        body["id"].as_i64().expect("id")
+    }
+
+    /// The value of one Prometheus sample (`name{labels}` exactly as exported), 0 if absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.address))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .filter_map(|line| line.rsplit_once(' '))
+            .find(|(name, _)| *name == sample)
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     pub async fn purchase(&self, product: impl std::fmt::Display, user_id: i64) -> Response {
         self.client
             .post(format!("{}/api/seckill/{product}", self.address))
@@ -84,14 +137,55 @@ impl TestApp {
             .expect("json")
     }
 
+    /// The product's bucket count, from Postgres.
+    pub async fn buckets(&self, product: i64) -> u16 {
+        let db = self.ns.db().await;
+        let buckets: i16 = sqlx::query_scalar("SELECT stock_buckets FROM products WHERE id = $1")
+            .bind(product)
+            .fetch_one(&db)
+            .await
+            .expect("stock_buckets");
+        db.close().await;
+        u16::try_from(buckets).expect("positive")
+    }
+
+    /// Units left in Redis over all buckets; `None` while no bucket is loaded.
     pub async fn redis_remaining(&self, product: i64) -> Option<i64> {
         let mut redis = self.ns.redis().await;
-        redis::cmd("HGET")
-            .arg(self.ns.keys().stock(product))
-            .arg("remaining")
-            .query_async(&mut redis)
-            .await
-            .expect("hget")
+        let mut total = None;
+        for bucket in 0..self.buckets(product).await {
+            let remaining: Option<i64> = redis::cmd("HGET")
+                .arg(self.ns.keys().stock(product, bucket))
+                .arg("remaining")
+                .query_async(&mut redis)
+                .await
+                .expect("hget");
+            if let Some(units) = remaining {
+                total = Some(total.unwrap_or(0) + units);
+            }
+        }
+        total
+    }
+
+    /// Entries waiting in the product's outbox streams.
+    pub async fn outbox_len(&self, product: i64) -> i64 {
+        let mut redis = self.ns.redis().await;
+        let mut total = 0;
+        for bucket in 0..self.buckets(product).await {
+            let len: i64 = redis::cmd("XLEN")
+                .arg(self.ns.keys().outbox(product, bucket))
+                .query_async(&mut redis)
+                .await
+                .expect("xlen");
+            total += len;
+        }
+        total
+    }
+
+    /// Stops the app (letting the relay finish), leaving the namespace to its other users.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
     }
 
     /// Stops the app (letting the relay finish) and removes the namespace.

@@ -210,18 +210,8 @@ async fn a_concurrent_burst_sells_exactly_the_stock_and_relays_every_acceptance_
     assert_eq!(seen, accepted);
 
     // Confirmed entries leave the outbox.
-    let redis = app.ns.redis().await;
-    let outbox = app.ns.keys().outbox(product);
-    eventually("outbox drained", Duration::from_secs(10), || {
-        let (outbox, mut redis) = (outbox.clone(), redis.clone());
-        async move {
-            let len: i64 = redis::cmd("XLEN")
-                .arg(&outbox)
-                .query_async(&mut redis)
-                .await
-                .expect("xlen");
-            (len == 0).then_some(())
-        }
+    eventually("outbox drained", Duration::from_secs(10), || async {
+        (app.outbox_len(product).await == 0).then_some(())
     })
     .await;
     app.shutdown().await;
@@ -277,4 +267,55 @@ async fn purchases_accepted_while_the_broker_is_unreachable_are_relayed_once_it_
     stop.cancel();
     let _ = task.await;
     ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unroutable_publish_is_kept_in_the_outbox_until_the_queue_is_back() {
+    // `mandatory`: with the queue gone the broker returns the message instead of dropping
+    // it; the relay must keep the entry, re-declare the topology and publish it again.
+    let app = spawn_app().await;
+    let product = app.create_product(5).await;
+    let (connection, channel) = app.ns.channel().await;
+    let queue = app.ns.topology().queue;
+    eventually("relay connected", Duration::from_secs(10), || async {
+        let ready = app
+            .client
+            .get(format!("{}/readyz", app.address))
+            .send()
+            .await;
+        ready.ok().filter(|r| r.status() == 200).map(|_| ())
+    })
+    .await;
+    channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .expect("delete the queue");
+    assert_eq!(app.purchase(product, 1).await.status(), 202);
+    // The entry survives the return and arrives once the relay has re-declared the queue.
+    eventually(
+        "message delivered after the return",
+        Duration::from_secs(15),
+        || async {
+            // A passive declare of a missing queue closes its channel: one channel per look.
+            let Ok(look) = connection.create_channel().await else {
+                return None;
+            };
+            let depth = look
+                .queue_declare(
+                    queue.as_str().into(),
+                    lapin::options::QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    Default::default(),
+                )
+                .await
+                .map(|q| q.message_count())
+                .unwrap_or(0);
+            (depth == 1 && app.outbox_len(product).await == 0).then_some(())
+        },
+    )
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+    app.shutdown().await;
 }
