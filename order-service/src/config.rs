@@ -22,6 +22,10 @@ pub struct Settings {
     pub redis_pool_size: usize,
     /// Delay before a message that hit a transient failure is requeued.
     pub requeue_delay_ms: u64,
+    /// Most messages written in one transaction (1 = one transaction per message).
+    pub batch_size: usize,
+    /// How long a batch waits for more messages after its first one, milliseconds.
+    pub batch_linger_ms: u64,
 }
 
 impl Default for Settings {
@@ -33,6 +37,8 @@ impl Default for Settings {
             db_pool_size: 16,
             redis_pool_size: 16,
             requeue_delay_ms: 1_000,
+            batch_size: 64,
+            batch_linger_ms: 5,
         }
     }
 }
@@ -40,8 +46,12 @@ impl Default for Settings {
 impl Validate for Settings {
     fn validate(&self) -> Result<(), String> {
         self.backend.validate()?;
-        if self.prefetch == 0 || self.db_pool_size == 0 || self.redis_pool_size == 0 {
-            return Err("prefetch and pool sizes must be positive".into());
+        if self.prefetch == 0
+            || self.db_pool_size == 0
+            || self.redis_pool_size == 0
+            || self.batch_size == 0
+        {
+            return Err("prefetch, batch_size and pool sizes must be positive".into());
         }
         Ok(())
     }

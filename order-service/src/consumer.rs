@@ -1,8 +1,12 @@
-//! The RabbitMQ consumer: manual ack, bounded prefetch, one task per delivery.
+//! The RabbitMQ consumer: manual ack, bounded prefetch, batched writes.
+//!
+//! Deliveries are gathered into batches (up to `batch_size`, or whatever arrived within
+//! `batch_linger` of the first) and each batch is written in one transaction
+//! ([`orders::record_batch`]); several batches are in flight at once, bounded by prefetch.
 //!
 //! Every AMQP choice here protects "never lose an accepted purchase":
-//! - manual ack, sent only after the order's transaction committed and the buyer's result
-//!   was written; a crash before that means redelivery, which the idempotent write absorbs;
+//! - manual ack, sent only after the batch's transaction committed and the buyers' results
+//!   were written; a crash before that means redelivery, which the idempotent write absorbs;
 //! - `prefetch` bounds unacked deliveries, and so the concurrent writes, per replica;
 //! - a transient failure (database or Redis down) requeues the message after a delay,
 //!   instead of acking or dead-lettering it;
@@ -48,6 +52,10 @@ pub struct OrderConsumer {
     pub topology: Topology,
     /// Unacked deliveries at once.
     pub prefetch: u16,
+    /// Most messages written in one transaction.
+    pub batch_size: usize,
+    /// How long a batch waits for more messages after its first one.
+    pub batch_linger: Duration,
     /// Wait before requeueing after a transient failure, so an outage is not a busy loop.
     pub requeue_delay: Duration,
     /// True while consuming (read by `/readyz`).
@@ -115,16 +123,33 @@ impl OrderConsumer {
         tracing::info!(queue = %self.topology.queue, prefetch = self.prefetch, "consuming");
 
         let mut in_flight = JoinSet::new();
+        let mut batch: Vec<Delivery> = Vec::with_capacity(self.batch_size);
+        // Far future while the batch is empty; first delivery + linger once it is not.
+        let idle = || tokio::time::Instant::now() + Duration::from_secs(3600);
+        let mut flush_at = idle();
         let ended = loop {
             tokio::select! {
                 _ = cancel.cancelled() => break Ok(()),
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
-                        in_flight.spawn(self.clone().settle_even_on_panic(delivery));
+                        if batch.is_empty() {
+                            flush_at = tokio::time::Instant::now() + self.batch_linger;
+                        }
+                        batch.push(delivery);
+                        if batch.len() >= self.batch_size {
+                            let full = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+                            in_flight.spawn(self.clone().settle_even_on_panic(full));
+                            flush_at = idle();
+                        }
                     }
                     Some(Err(e)) => break Err(anyhow::Error::from(e).context("delivery stream")),
                     None => break Err(anyhow::anyhow!("delivery stream ended")),
                 },
+                _ = tokio::time::sleep_until(flush_at), if !batch.is_empty() => {
+                    let due = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+                    in_flight.spawn(self.clone().settle_even_on_panic(due));
+                    flush_at = idle();
+                }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
                     if let Err(e) = done {
                         tracing::error!(error = %e, "delivery task panicked");
@@ -140,7 +165,7 @@ impl OrderConsumer {
                 .await;
             let buffered = async {
                 while let Some(Ok(delivery)) = deliveries.next().await {
-                    in_flight.spawn(self.clone().settle_even_on_panic(delivery));
+                    batch.push(delivery);
                 }
             };
             if tokio::time::timeout(Duration::from_secs(5), buffered)
@@ -150,6 +175,9 @@ impl OrderConsumer {
                 tracing::warn!("consumer did not end after cancel; the broker requeues the rest");
             }
         }
+        if !batch.is_empty() {
+            in_flight.spawn(self.clone().settle_even_on_panic(batch));
+        }
         while in_flight.join_next().await.is_some() {}
         self.connected.store(false, Ordering::Relaxed);
         let _ = channel.close(200, "order-service stopping".into()).await;
@@ -157,77 +185,100 @@ impl OrderConsumer {
         ended
     }
 
-    /// Handles one delivery; if that panics (a bug), dead-letters it rather than leaving it
-    /// unacked — lapin does not settle a dropped delivery, so it would hold a prefetch slot
-    /// until the channel closes and then be redelivered into the same panic.
-    async fn settle_even_on_panic(self, delivery: Delivery) {
-        let acker = delivery.acker.clone();
-        let handled = AssertUnwindSafe(self.handle(delivery)).catch_unwind().await;
+    /// Handles one batch; if that panics (a bug), dead-letters what it had not settled
+    /// rather than leaving it unacked — lapin does not settle a dropped delivery, so it would
+    /// hold a prefetch slot until the channel closes and then be redelivered into the same
+    /// panic. (An acker already used refuses a second settlement, so settled ones are safe.)
+    async fn settle_even_on_panic(self, batch: Vec<Delivery>) {
+        let ackers: Vec<_> = batch.iter().map(|d| d.acker.clone()).collect();
+        let handled = AssertUnwindSafe(self.handle_batch(batch))
+            .catch_unwind()
+            .await;
         if handled.is_err() {
-            tracing::error!("order handler panicked, dead-lettering the message");
-            metrics::counter!("orders_dead_lettered_total", "reason" => "panic").increment(1);
-            let _ = acker.reject(BasicRejectOptions { requeue: false }).await;
+            tracing::error!("order handler panicked, dead-lettering its batch");
+            for acker in ackers {
+                if acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await
+                    .is_ok()
+                {
+                    metrics::counter!("orders_dead_lettered_total", "reason" => "panic")
+                        .increment(1);
+                }
+            }
         }
     }
 
-    #[tracing::instrument(skip_all, fields(message_id, request_id))]
-    async fn handle(&self, delivery: Delivery) {
-        let properties = &delivery.properties;
-        let message_id = properties.message_id().as_ref().map(|m| m.to_string());
-        // The HTTP request id of the purchase, so one id follows it from gateway to order.
-        let request_id = properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get(HEADER_REQUEST_ID))
-            .and_then(|v| v.as_long_string())
-            .map(|s| s.to_string());
-        let span = tracing::Span::current();
-        span.record("message_id", message_id.unwrap_or_default().as_str());
-        span.record("request_id", request_id.unwrap_or_default().as_str());
-        metrics::counter!("orders_consumed_total").increment(1);
-
-        let msg = match serde_json::from_slice::<OrderMessage>(&delivery.data) {
-            Ok(msg) => msg,
-            Err(e) => {
-                tracing::error!(error = %e, "unparseable order message, dead-lettering");
-                metrics::counter!("orders_dead_lettered_total", "reason" => "unparseable")
-                    .increment(1);
-                let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
-                return;
+    /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
+    async fn handle_batch(&self, batch: Vec<Delivery>) {
+        metrics::counter!("orders_consumed_total").increment(batch.len() as u64);
+        let mut parsed = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            match serde_json::from_slice::<OrderMessage>(&delivery.data) {
+                Ok(msg) => parsed.push((delivery, msg)),
+                Err(e) => {
+                    let span = delivery_span(&delivery);
+                    let _entered = span.enter();
+                    tracing::error!(error = %e, "unparseable order message, dead-lettering");
+                    metrics::counter!("orders_dead_lettered_total", "reason" => "unparseable")
+                        .increment(1);
+                    let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+                }
             }
-        };
+        }
+        if parsed.is_empty() {
+            return;
+        }
+        let msgs: Vec<OrderMessage> = parsed.iter().map(|(_, msg)| msg.clone()).collect();
+        metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
         let started = std::time::Instant::now();
-        let recorded = orders::record(&self.db, &msg).await;
+        let recorded = orders::record_batch(&self.db, &msgs).await;
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
-        let (result, settle) = match recorded {
-            Ok(Recorded::Created { order_id }) => {
+        match recorded {
+            Ok(outcomes) => {
+                let settles = parsed
+                    .into_iter()
+                    .zip(outcomes)
+                    .map(|((delivery, msg), outcome)| self.settle(delivery, msg, outcome));
+                futures_util::future::join_all(settles).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, count = msgs.len(), "order batch failed, requeueing");
+                let requeues = parsed.iter().map(|(delivery, _)| self.requeue(delivery));
+                futures_util::future::join_all(requeues).await;
+            }
+        }
+    }
+
+    /// Writes the buyer's result for one written message, then acks or dead-letters it.
+    async fn settle(&self, delivery: Delivery, msg: OrderMessage, outcome: Recorded) {
+        let span = delivery_span(&delivery);
+        let (result, settle) = match outcome {
+            Recorded::Created { order_id } => {
                 metrics::counter!("orders_created_total").increment(1);
                 (PurchaseResult::Success { order_id }, Settle::Ack)
             }
-            Ok(Recorded::Duplicate { order_id }) => {
+            Recorded::Duplicate { order_id } => {
                 metrics::counter!("orders_duplicates_total").increment(1);
                 (PurchaseResult::Success { order_id }, Settle::Ack)
             }
-            Ok(Recorded::Rejected { reason }) => {
-                tracing::error!(
-                    reason,
-                    user_id = msg.user_id,
-                    product_id = msg.product_id,
-                    "order rejected, dead-lettering"
-                );
+            Recorded::Rejected { reason } => {
+                span.in_scope(|| {
+                    tracing::error!(
+                        reason,
+                        user_id = msg.user_id,
+                        product_id = msg.product_id,
+                        "order rejected, dead-lettering"
+                    )
+                });
                 metrics::counter!("orders_dead_lettered_total", "reason" => reason).increment(1);
                 let reason = reason.to_string();
                 (PurchaseResult::Failed { reason }, Settle::DeadLetter)
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "order write failed, requeueing");
-                self.requeue(&delivery).await;
-                return;
-            }
         };
         if let Err(e) = self.write_result(&msg, &result).await {
             // The order is committed; redelivery will find it and write the result again.
-            tracing::warn!(error = %e, "result write failed, requeueing");
+            span.in_scope(|| tracing::warn!(error = %e, "result write failed, requeueing"));
             self.requeue(&delivery).await;
             return;
         }
@@ -237,7 +288,7 @@ impl OrderConsumer {
         };
         if let Err(e) = settled {
             // The channel died: the broker will redeliver, and the write is idempotent.
-            tracing::warn!(error = %e, "could not settle delivery");
+            span.in_scope(|| tracing::warn!(error = %e, "could not settle delivery"));
         }
     }
 
@@ -290,4 +341,23 @@ impl OrderConsumer {
 enum Settle {
     Ack,
     DeadLetter,
+}
+
+/// A span naming the delivery's message id and the purchase's HTTP request id, so one id
+/// follows a purchase from the gateway to its order in the logs.
+fn delivery_span(delivery: &Delivery) -> tracing::Span {
+    let properties = &delivery.properties;
+    let message_id = properties
+        .message_id()
+        .as_ref()
+        .map(|m| m.to_string())
+        .unwrap_or_default();
+    let request_id = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(HEADER_REQUEST_ID))
+        .and_then(|v| v.as_long_string())
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    tracing::info_span!("delivery", message_id, request_id)
 }

@@ -124,6 +124,133 @@ pub async fn record(db: &PgPool, msg: &OrderMessage) -> Result<Recorded, sqlx::E
     Ok(Recorded::Created { order_id })
 }
 
+/// Writes a batch of messages as orders in one transaction, returning one outcome per message
+/// in input order. Much faster than one transaction per message: one round trip inserts
+/// every row (`unnest`), one decrements each product's stock by the rows actually inserted,
+/// one finds the existing orders of the duplicates.
+///
+/// The batch is all-or-nothing. When it cannot commit as a whole for a reason tied to one
+/// message (an unknown product, a product without enough database stock), it is replayed
+/// message by message through [`record`], so one bad message never holds back the others
+/// and each gets its own outcome. A transient error fails the whole batch.
+pub async fn record_batch(
+    db: &PgPool,
+    msgs: &[OrderMessage],
+) -> Result<Vec<Recorded>, sqlx::Error> {
+    match try_batch(db, msgs).await? {
+        Some(outcomes) => Ok(outcomes),
+        None => {
+            metrics::counter!("orders_batch_fallbacks_total").increment(1);
+            let mut outcomes = Vec::with_capacity(msgs.len());
+            for msg in msgs {
+                outcomes.push(record(db, msg).await?);
+            }
+            Ok(outcomes)
+        }
+    }
+}
+
+/// The batch fast path; `Ok(None)` when a message needs the one-by-one path.
+async fn try_batch(
+    db: &PgPool,
+    msgs: &[OrderMessage],
+) -> Result<Option<Vec<Recorded>>, sqlx::Error> {
+    let request_ids: Vec<uuid::Uuid> = msgs.iter().map(|m| m.request_id).collect();
+    let user_ids: Vec<i64> = msgs.iter().map(|m| m.user_id).collect();
+    let product_ids: Vec<i64> = msgs.iter().map(|m| m.product_id).collect();
+    let prices: Vec<i64> = msgs.iter().map(|m| m.price_cents).collect();
+    let accepted: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.created_at).collect();
+    let mut tx = db.begin().await?;
+    // ON CONFLICT without a target skips a row that hits any unique index: a redelivered
+    // purchase, a second live order of one user, or a duplicate inside this very batch.
+    let inserted: Result<Vec<(i64, uuid::Uuid, i64)>, sqlx::Error> = sqlx::query_as(
+        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at) \
+         SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], \
+                              $5::timestamptz[]) \
+         ON CONFLICT DO NOTHING RETURNING id, request_id, product_id",
+    )
+    .bind(&request_ids)
+    .bind(&user_ids)
+    .bind(&product_ids)
+    .bind(&prices)
+    .bind(&accepted)
+    .fetch_all(&mut *tx)
+    .await;
+    let inserted = match inserted {
+        Ok(rows) => rows,
+        Err(e) if is_db_code(&e, FOREIGN_KEY_VIOLATION) => {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    // Decrement each product by the rows inserted for it, in product order (every batch
+    // locks product rows in the same order: no deadlock between concurrent batches).
+    let mut per_product: std::collections::BTreeMap<i64, i32> = Default::default();
+    for (_, _, product_id) in &inserted {
+        *per_product.entry(*product_id).or_default() += 1;
+    }
+    for (product_id, count) in &per_product {
+        let done = sqlx::query(
+            "UPDATE products SET stock_remaining = stock_remaining - $2 \
+             WHERE id = $1 AND stock_remaining >= $2",
+        )
+        .bind(product_id)
+        .bind(count)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() != 1 {
+            // Not enough database stock for all of them: let the slow path decide which.
+            tx.rollback().await?;
+            return Ok(None);
+        }
+    }
+    let created: std::collections::HashMap<uuid::Uuid, i64> = inserted
+        .iter()
+        .map(|(id, request_id, _)| (*request_id, *id))
+        .collect();
+    let skipped: Vec<&OrderMessage> = msgs
+        .iter()
+        .filter(|m| !created.contains_key(&m.request_id))
+        .collect();
+    let mut existing: std::collections::HashMap<uuid::Uuid, i64> = Default::default();
+    if !skipped.is_empty() {
+        let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+            "SELECT DISTINCT ON (m.request_id) m.request_id, o.id \
+             FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS m(request_id, user_id, product_id) \
+             JOIN orders o ON o.request_id = m.request_id \
+               OR (o.user_id = m.user_id AND o.product_id = m.product_id AND o.status <> 'cancelled') \
+             ORDER BY m.request_id, (o.request_id = m.request_id) DESC",
+        )
+        .bind(skipped.iter().map(|m| m.request_id).collect::<Vec<_>>())
+        .bind(skipped.iter().map(|m| m.user_id).collect::<Vec<_>>())
+        .bind(skipped.iter().map(|m| m.product_id).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?;
+        existing.extend(rows);
+    }
+    let mut outcomes = Vec::with_capacity(msgs.len());
+    let mut first_seen = std::collections::HashSet::new();
+    for msg in msgs {
+        let outcome = match created.get(&msg.request_id) {
+            // The same purchase twice in one batch: the first copy created it.
+            Some(&order_id) if first_seen.insert(msg.request_id) => Recorded::Created { order_id },
+            Some(&order_id) => Recorded::Duplicate { order_id },
+            None => match existing.get(&msg.request_id) {
+                Some(&order_id) => Recorded::Duplicate { order_id },
+                // Its conflicting order vanished (cancelled meanwhile): decide it alone.
+                None => {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+            },
+        };
+        outcomes.push(outcome);
+    }
+    tx.commit().await?;
+    Ok(Some(outcomes))
+}
+
 fn is_db_code(e: &sqlx::Error, code: &str) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(code))
 }

@@ -68,6 +68,8 @@ impl Application {
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology: Topology::new(&settings.backend.namespace),
             prefetch: settings.prefetch,
+            batch_size: settings.batch_size,
+            batch_linger: Duration::from_millis(settings.batch_linger_ms),
             requeue_delay: Duration::from_millis(settings.requeue_delay_ms),
             connected,
         };

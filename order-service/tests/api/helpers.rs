@@ -20,7 +20,11 @@ pub struct TestApp {
 }
 
 pub async fn spawn_app() -> TestApp {
-    let ns = TestNamespace::new();
+    spawn_app_in(TestNamespace::new()).await
+}
+
+/// order-service in an existing namespace (another replica, or a restart).
+pub async fn spawn_app_in(ns: TestNamespace) -> TestApp {
     let settings = Settings {
         backend: ns.backend_settings(),
         port: 0,
@@ -94,6 +98,35 @@ impl TestApp {
             .expect("confirm");
     }
 
+    /// Publishes every message with all confirms in flight at once (a storm, not a trickle).
+    pub async fn publish_many(&self, msgs: &[OrderMessage]) {
+        let topology = self.ns.topology();
+        let mut confirms = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            let body = serde_json::to_vec(msg).expect("serialize");
+            let confirm = self
+                .channel
+                .basic_publish(
+                    topology.exchange.as_str().into(),
+                    topology.routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &body,
+                    BasicProperties::default()
+                        .with_message_id(msg.request_id.to_string().as_str().into())
+                        .with_delivery_mode(2),
+                )
+                .await
+                .expect("publish");
+            confirms.push(confirm);
+        }
+        for confirm in confirms {
+            confirm.await.expect("confirm");
+        }
+    }
+
     pub async fn publish(&self, msg: &OrderMessage) {
         let body = serde_json::to_vec(msg).expect("serialize");
         self.publish_raw(&body, &msg.request_id.to_string()).await;
@@ -154,6 +187,15 @@ impl TestApp {
             0,
             "a message was requeued"
         );
+    }
+
+    /// Stops this app's consumer (its unacked deliveries go back to the queue) and keeps
+    /// the namespace, the database handle and the publishing channel.
+    pub async fn stop_consuming(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
     }
 
     pub async fn shutdown(self) {

@@ -1,4 +1,5 @@
 //! order-service against real Postgres, Redis and RabbitMQ, one namespace per test.
 
+mod batches;
 mod consume;
 mod helpers;
