@@ -26,6 +26,27 @@ pub struct Settings {
     pub batch_size: usize,
     /// How long a batch waits for more messages after its first one, milliseconds.
     pub batch_linger_ms: u64,
+    /// Retry tier delays, comma-separated milliseconds, shortest first.
+    pub retry_tiers_ms: String,
+    /// Deliveries of one message at most (the first included) before it is dead-lettered.
+    pub max_attempts: u32,
+    /// Retries may add this fraction of the traffic (the retry budget)…
+    pub retry_budget_ratio: f64,
+    /// …plus this many per second.
+    pub retry_budget_min_per_sec: f64,
+    /// How long an order transaction waits for a lock before it counts as a transient
+    /// failure, milliseconds.
+    pub lock_timeout_ms: u64,
+}
+
+impl Settings {
+    /// The retry tiers, parsed (validation guarantees they parse).
+    pub fn retry_tiers(&self) -> Vec<u64> {
+        seckill_config::split_list(&self.retry_tiers_ms)
+            .iter()
+            .filter_map(|t| t.parse().ok())
+            .collect()
+    }
 }
 
 impl Default for Settings {
@@ -39,6 +60,11 @@ impl Default for Settings {
             requeue_delay_ms: 1_000,
             batch_size: 64,
             batch_linger_ms: 5,
+            retry_tiers_ms: "1000,5000,30000".into(),
+            max_attempts: 5,
+            retry_budget_ratio: 0.2,
+            retry_budget_min_per_sec: 10.0,
+            lock_timeout_ms: 2_000,
         }
     }
 }
@@ -52,6 +78,17 @@ impl Validate for Settings {
             || self.batch_size == 0
         {
             return Err("prefetch, batch_size and pool sizes must be positive".into());
+        }
+        let tiers = seckill_config::split_list(&self.retry_tiers_ms);
+        let parsed = self.retry_tiers();
+        if parsed.is_empty() || parsed.len() != tiers.len() || parsed.contains(&0) {
+            return Err("retry_tiers_ms must list positive millisecond delays".into());
+        }
+        if self.max_attempts == 0 || self.lock_timeout_ms == 0 {
+            return Err("max_attempts and lock_timeout_ms must be positive".into());
+        }
+        if !(0.0..=10.0).contains(&self.retry_budget_ratio) || self.retry_budget_min_per_sec < 0.0 {
+            return Err("retry budget must be a ratio in 0..=10 and a non-negative rate".into());
         }
         Ok(())
     }

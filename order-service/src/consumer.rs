@@ -8,10 +8,10 @@
 //! - manual ack, sent only after the batch's transaction committed and the buyers' results
 //!   were written; a crash before that means redelivery, which the idempotent write absorbs;
 //! - `prefetch` bounds unacked deliveries, and so the concurrent writes, per replica;
-//! - a transient failure (database or Redis down) requeues the message after a delay,
-//!   instead of acking or dead-lettering it;
-//! - a permanent failure (unparseable body, unknown product, no stock in the database) is
-//!   rejected without requeue, so the queue's dead-letter exchange keeps it for the operator.
+//! - failures are sorted by [`crate::retry`]: an outage requeues after a delay (no attempt
+//!   counted), a transient failure of the message goes to a retry tier, a permanent one to
+//!   the dead-letter exchange with its reason; a retry or dead letter is published with a
+//!   confirm *before* the original is acked, so a crash in between duplicates, never loses.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -30,10 +30,17 @@ use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{HEADER_REQUEST_ID, OrderMessage, Topology};
+use lapin::types::{AMQPValue, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation};
+
+use seckill_messaging::{
+    HEADER_ATTEMPT, HEADER_ERROR_CODE, HEADER_ERROR_MESSAGE, HEADER_REQUEST_ID, OrderMessage,
+    Topology,
+};
 use seckill_store::{PurchaseResult, RedisKeys};
 
 use crate::orders::{self, Recorded};
+use crate::retry::{Next, RetryPolicy};
 
 /// Consumes accepted purchases and records them as orders.
 #[derive(Clone)]
@@ -56,6 +63,11 @@ pub struct OrderConsumer {
     pub batch_size: usize,
     /// How long a batch waits for more messages after its first one.
     pub batch_linger: Duration,
+    /// Retry tiers, cap and budget.
+    pub retry: Arc<RetryPolicy>,
+    /// `lock_timeout` of the order transactions: a message stuck behind a lock becomes a
+    /// transient failure (and a retry) instead of a wait without end.
+    pub lock_timeout: Duration,
     /// Wait before requeueing after a transient failure, so an outage is not a busy loop.
     pub requeue_delay: Duration,
     /// True while consuming (read by `/readyz`).
@@ -105,6 +117,13 @@ impl OrderConsumer {
             .declare(&channel)
             .await
             .context("declare topology")?;
+        // Retries and dead letters are published with confirms, on a channel of their own
+        // (confirm mode would also apply to nothing else here, but keeps the two apart).
+        let publisher = connection.create_channel().await?;
+        publisher
+            .confirm_select(Default::default())
+            .await
+            .context("enable publisher confirms")?;
         channel
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await
@@ -138,7 +157,7 @@ impl OrderConsumer {
                         batch.push(delivery);
                         if batch.len() >= self.batch_size {
                             let full = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
-                            in_flight.spawn(self.clone().settle_even_on_panic(full));
+                            in_flight.spawn(self.clone().settle_even_on_panic(full, publisher.clone()));
                             flush_at = idle();
                         }
                     }
@@ -147,7 +166,7 @@ impl OrderConsumer {
                 },
                 _ = tokio::time::sleep_until(flush_at), if !batch.is_empty() => {
                     let due = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
-                    in_flight.spawn(self.clone().settle_even_on_panic(due));
+                    in_flight.spawn(self.clone().settle_even_on_panic(due, publisher.clone()));
                     flush_at = idle();
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -176,10 +195,11 @@ impl OrderConsumer {
             }
         }
         if !batch.is_empty() {
-            in_flight.spawn(self.clone().settle_even_on_panic(batch));
+            in_flight.spawn(self.clone().settle_even_on_panic(batch, publisher.clone()));
         }
         while in_flight.join_next().await.is_some() {}
         self.connected.store(false, Ordering::Relaxed);
+        let _ = publisher.close(200, "order-service stopping".into()).await;
         let _ = channel.close(200, "order-service stopping".into()).await;
         let _ = connection.close(200, "order-service stopping".into()).await;
         ended
@@ -189,9 +209,9 @@ impl OrderConsumer {
     /// rather than leaving it unacked — lapin does not settle a dropped delivery, so it would
     /// hold a prefetch slot until the channel closes and then be redelivered into the same
     /// panic. (An acker already used refuses a second settlement, so settled ones are safe.)
-    async fn settle_even_on_panic(self, batch: Vec<Delivery>) {
+    async fn settle_even_on_panic(self, batch: Vec<Delivery>, publisher: Channel) {
         let ackers: Vec<_> = batch.iter().map(|d| d.acker.clone()).collect();
-        let handled = AssertUnwindSafe(self.handle_batch(batch))
+        let handled = AssertUnwindSafe(self.handle_batch(batch, &publisher))
             .catch_unwind()
             .await;
         if handled.is_err() {
@@ -210,8 +230,10 @@ impl OrderConsumer {
     }
 
     /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
-    async fn handle_batch(&self, batch: Vec<Delivery>) {
+    async fn handle_batch(&self, batch: Vec<Delivery>, publisher: &Channel) {
         metrics::counter!("orders_consumed_total").increment(batch.len() as u64);
+        let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
+        self.retry.record_first_attempts(first);
         let mut parsed = Vec::with_capacity(batch.len());
         for delivery in batch {
             match serde_json::from_slice::<OrderMessage>(&delivery.data) {
@@ -220,9 +242,8 @@ impl OrderConsumer {
                     let span = delivery_span(&delivery);
                     let _entered = span.enter();
                     tracing::error!(error = %e, "unparseable order message, dead-lettering");
-                    metrics::counter!("orders_dead_lettered_total", "reason" => "unparseable")
-                        .increment(1);
-                    let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+                    self.dead_letter(publisher, &delivery, "unparseable", &e.to_string())
+                        .await;
                 }
             }
         }
@@ -232,18 +253,28 @@ impl OrderConsumer {
         let msgs: Vec<OrderMessage> = parsed.iter().map(|(_, msg)| msg.clone()).collect();
         metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
         let started = std::time::Instant::now();
-        let recorded = orders::record_batch(&self.db, &msgs).await;
+        let recorded = orders::record_batch(&self.db, &msgs, self.lock_timeout).await;
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
         match recorded {
             Ok(outcomes) => {
                 let settles = parsed
                     .into_iter()
                     .zip(outcomes)
-                    .map(|((delivery, msg), outcome)| self.settle(delivery, msg, outcome));
+                    .map(|((delivery, msg), outcome)| {
+                        self.settle(publisher, delivery, msg, outcome)
+                    });
                 futures_util::future::join_all(settles).await;
             }
+            Err(e) if orders::is_transient_for_message(&e) => {
+                tracing::warn!(error = %e, count = msgs.len(), "order batch failed, retrying");
+                let error = e.to_string();
+                let retries = parsed
+                    .iter()
+                    .map(|(delivery, _)| self.retry_later(publisher, delivery, &error));
+                futures_util::future::join_all(retries).await;
+            }
             Err(e) => {
-                tracing::warn!(error = %e, count = msgs.len(), "order batch failed, requeueing");
+                tracing::warn!(error = %e, count = msgs.len(), "database unavailable, requeueing");
                 let requeues = parsed.iter().map(|(delivery, _)| self.requeue(delivery));
                 futures_util::future::join_all(requeues).await;
             }
@@ -251,7 +282,13 @@ impl OrderConsumer {
     }
 
     /// Writes the buyer's result for one written message, then acks or dead-letters it.
-    async fn settle(&self, delivery: Delivery, msg: OrderMessage, outcome: Recorded) {
+    async fn settle(
+        &self,
+        publisher: &Channel,
+        delivery: Delivery,
+        msg: OrderMessage,
+        outcome: Recorded,
+    ) {
         let span = delivery_span(&delivery);
         let (result, settle) = match outcome {
             Recorded::Created { order_id } => {
@@ -271,7 +308,6 @@ impl OrderConsumer {
                         "order rejected, dead-lettering"
                     )
                 });
-                metrics::counter!("orders_dead_lettered_total", "reason" => reason).increment(1);
                 let reason = reason.to_string();
                 (PurchaseResult::Failed { reason }, Settle::DeadLetter)
             }
@@ -282,13 +318,111 @@ impl OrderConsumer {
             self.requeue(&delivery).await;
             return;
         }
-        let settled = match settle {
-            Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
-            Settle::DeadLetter => delivery.reject(BasicRejectOptions { requeue: false }).await,
-        };
-        if let Err(e) = settled {
-            // The channel died: the broker will redeliver, and the write is idempotent.
-            span.in_scope(|| tracing::warn!(error = %e, "could not settle delivery"));
+        match (settle, result) {
+            (Settle::DeadLetter, PurchaseResult::Failed { reason }) => {
+                self.dead_letter(publisher, &delivery, &reason, "rejected by the database")
+                    .await;
+            }
+            _ => {
+                if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                    // The channel died: the broker redelivers, and the write is idempotent.
+                    span.in_scope(|| tracing::warn!(error = %e, "could not ack delivery"));
+                }
+            }
+        }
+    }
+
+    /// Sends a message that failed transiently to its next retry tier (or, past the cap, to
+    /// the dead letters), then acks the original.
+    async fn retry_later(&self, publisher: &Channel, delivery: &Delivery, error: &str) {
+        let attempt = attempt_of(delivery);
+        match self.retry.next(attempt) {
+            Next::GiveUp => {
+                self.dead_letter(publisher, delivery, "retries_exhausted", error)
+                    .await;
+            }
+            Next::Retry { delay_ms, attempt } => {
+                let routing_key = Topology::retry_routing_key(delay_ms);
+                let headers = [
+                    (HEADER_ATTEMPT, AMQPValue::LongInt(attempt as i32)),
+                    (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
+                ];
+                let published = self
+                    .republish(
+                        publisher,
+                        &self.topology.retry_exchange,
+                        &routing_key,
+                        delivery,
+                        &headers,
+                    )
+                    .await;
+                if published {
+                    metrics::counter!("orders_retried_total", "tier" => format!("{delay_ms}ms"))
+                        .increment(1);
+                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                } else {
+                    self.requeue(delivery).await;
+                }
+            }
+        }
+    }
+
+    /// Publishes the message to the dead-letter exchange with its reason, then acks the
+    /// original; if that publish fails, rejects it into the same exchange without a reason.
+    async fn dead_letter(&self, publisher: &Channel, delivery: &Delivery, code: &str, error: &str) {
+        metrics::counter!("orders_dead_lettered_total", "reason" => code.to_string()).increment(1);
+        let headers = [
+            (HEADER_ERROR_CODE, AMQPValue::LongString(code.into())),
+            (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
+            (
+                HEADER_ATTEMPT,
+                AMQPValue::LongInt(attempt_of(delivery) as i32),
+            ),
+        ];
+        let exchange = &self.topology.dead_letter_exchange;
+        if self
+            .republish(publisher, exchange, "", delivery, &headers)
+            .await
+        {
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+        } else {
+            let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+        }
+    }
+
+    /// Publishes a copy of `delivery` (body and properties, plus `headers`) and waits for
+    /// the broker's confirm; false unless it was confirmed and routed.
+    async fn republish(
+        &self,
+        publisher: &Channel,
+        exchange: &str,
+        routing_key: &str,
+        delivery: &Delivery,
+        headers: &[(&str, AMQPValue)],
+    ) -> bool {
+        let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        for (name, value) in headers {
+            table.insert(ShortString::from(*name), value.clone());
+        }
+        let properties: BasicProperties = delivery.properties.clone().with_headers(table);
+        let published = publisher
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                lapin::options::BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &delivery.data,
+                properties,
+            )
+            .await;
+        match published {
+            Ok(confirm) => matches!(confirm.await, Ok(Confirmation::Ack(None))),
+            Err(e) => {
+                tracing::warn!(error = %e, exchange, "republish failed");
+                false
+            }
         }
     }
 
@@ -360,4 +494,21 @@ fn delivery_span(delivery: &Delivery) -> tracing::Span {
         .map(|s| s.to_string())
         .unwrap_or_default();
     tracing::info_span!("delivery", message_id, request_id)
+}
+
+/// The attempt a delivery carries (0 for a first delivery).
+fn attempt_of(delivery: &Delivery) -> u32 {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(HEADER_ATTEMPT))
+        .and_then(|v| match v {
+            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongUInt(n) => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
 }

@@ -15,6 +15,7 @@
 pub mod config;
 pub mod consumer;
 pub mod orders;
+pub mod retry;
 pub mod routes;
 pub mod startup;
 

@@ -1,5 +1,7 @@
 //! Orders in Postgres: the idempotent write and the buyer's queries.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -52,8 +54,12 @@ const FOREIGN_KEY_VIOLATION: &str = "23503";
 const CHECK_VIOLATION: &str = "23514";
 
 /// Writes `msg` as an order, idempotently, in one transaction.
-pub async fn record(db: &PgPool, msg: &OrderMessage) -> Result<Recorded, sqlx::Error> {
-    let mut tx = db.begin().await?;
+pub async fn record(
+    db: &PgPool,
+    msg: &OrderMessage,
+    lock_timeout: Duration,
+) -> Result<Recorded, sqlx::Error> {
+    let mut tx = begin(db, lock_timeout).await?;
     let inserted: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
         "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING id",
@@ -136,14 +142,15 @@ pub async fn record(db: &PgPool, msg: &OrderMessage) -> Result<Recorded, sqlx::E
 pub async fn record_batch(
     db: &PgPool,
     msgs: &[OrderMessage],
+    lock_timeout: Duration,
 ) -> Result<Vec<Recorded>, sqlx::Error> {
-    match try_batch(db, msgs).await? {
+    match try_batch(db, msgs, lock_timeout).await? {
         Some(outcomes) => Ok(outcomes),
         None => {
             metrics::counter!("orders_batch_fallbacks_total").increment(1);
             let mut outcomes = Vec::with_capacity(msgs.len());
             for msg in msgs {
-                outcomes.push(record(db, msg).await?);
+                outcomes.push(record(db, msg, lock_timeout).await?);
             }
             Ok(outcomes)
         }
@@ -154,13 +161,14 @@ pub async fn record_batch(
 async fn try_batch(
     db: &PgPool,
     msgs: &[OrderMessage],
+    lock_timeout: Duration,
 ) -> Result<Option<Vec<Recorded>>, sqlx::Error> {
     let request_ids: Vec<uuid::Uuid> = msgs.iter().map(|m| m.request_id).collect();
     let user_ids: Vec<i64> = msgs.iter().map(|m| m.user_id).collect();
     let product_ids: Vec<i64> = msgs.iter().map(|m| m.product_id).collect();
     let prices: Vec<i64> = msgs.iter().map(|m| m.price_cents).collect();
     let accepted: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.created_at).collect();
-    let mut tx = db.begin().await?;
+    let mut tx = begin(db, lock_timeout).await?;
     // ON CONFLICT without a target skips a row that hits any unique index: a redelivered
     // purchase, a second live order of one user, or a duplicate inside this very batch.
     let inserted: Result<Vec<(i64, uuid::Uuid, i64)>, sqlx::Error> = sqlx::query_as(
@@ -249,6 +257,31 @@ async fn try_batch(
     }
     tx.commit().await?;
     Ok(Some(outcomes))
+}
+
+/// Begins a transaction whose lock waits give up after `lock_timeout`.
+async fn begin(
+    db: &PgPool,
+    lock_timeout: Duration,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", lock_timeout.as_millis()))
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// Whether a failed write is this transaction's bad luck (a lock wait that timed out, a
+/// deadlock, a serialization failure, a cancelled statement): worth a retry tier. Anything
+/// else (connection refused, pool timeout, …) means the database is unavailable.
+pub fn is_transient_for_message(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("40") || code == "55P03" || code == "57014"),
+        _ => false,
+    }
 }
 
 fn is_db_code(e: &sqlx::Error, code: &str) -> bool {

@@ -16,6 +16,7 @@ use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
 use crate::consumer::OrderConsumer;
+use crate::retry::{RetryBudget, RetryPolicy};
 use crate::routes::{self, AppState};
 
 /// A built, not yet running, order-service.
@@ -66,11 +67,21 @@ impl Application {
             keys: RedisKeys::new(&settings.backend.namespace),
             buckets: moka::future::Cache::new(100_000),
             amqp_url: settings.backend.amqp_url.expose().to_string(),
-            topology: Topology::new(&settings.backend.namespace),
+            topology: Topology::new(&settings.backend.namespace)
+                .with_retry_tiers(settings.retry_tiers()),
             prefetch: settings.prefetch,
             batch_size: settings.batch_size,
             batch_linger: Duration::from_millis(settings.batch_linger_ms),
             requeue_delay: Duration::from_millis(settings.requeue_delay_ms),
+            retry: Arc::new(RetryPolicy::new(
+                settings.retry_tiers(),
+                settings.max_attempts,
+                RetryBudget::new(
+                    settings.retry_budget_ratio,
+                    settings.retry_budget_min_per_sec,
+                ),
+            )),
+            lock_timeout: Duration::from_millis(settings.lock_timeout_ms),
             connected,
         };
         Ok(Self {

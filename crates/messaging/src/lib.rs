@@ -16,7 +16,7 @@ use lapin::{Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use topology::Topology;
+pub use topology::{DEFAULT_RETRY_TIERS_MS, Topology};
 
 /// An accepted purchase on its way to becoming an order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +39,10 @@ pub const HEADER_REQUEST_ID: &str = "x-request-id";
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 /// AMQP header counting delivery attempts made by retries (0 on first publish).
 pub const HEADER_ATTEMPT: &str = "x-attempt";
+/// AMQP header of a dead letter: why it was given up (snake_case code).
+pub const HEADER_ERROR_CODE: &str = "x-error-code";
+/// AMQP header of a dead letter or a retry: the last error, for the operator.
+pub const HEADER_ERROR_MESSAGE: &str = "x-error-message";
 
 /// Opens a connection to `url`, retrying with backoff for about `patience`.
 pub async fn connect(url: &str, name: &str, patience: Duration) -> anyhow::Result<Connection> {

@@ -25,12 +25,18 @@ pub async fn spawn_app() -> TestApp {
 
 /// order-service in an existing namespace (another replica, or a restart).
 pub async fn spawn_app_in(ns: TestNamespace) -> TestApp {
-    let settings = Settings {
+    spawn_app_with(ns, |_| {}).await
+}
+
+/// order-service in `ns` with settings adjusted by `configure`.
+pub async fn spawn_app_with(ns: TestNamespace, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    let mut settings = Settings {
         backend: ns.backend_settings(),
         port: 0,
         requeue_delay_ms: 100,
         ..Settings::default()
     };
+    configure(&mut settings);
     let app = Application::build(settings)
         .await
         .expect("build order-service");

@@ -3,3 +3,4 @@
 mod batches;
 mod consume;
 mod helpers;
+mod retries;
