@@ -37,9 +37,47 @@ pub struct Settings {
     /// How long an order transaction waits for a lock before it counts as a transient
     /// failure, milliseconds.
     pub lock_timeout_ms: u64,
+    /// Circuit breaker window: `count` (the last `breaker_window_size` batch writes) or
+    /// `time` (those of the last `breaker_window_size` seconds).
+    pub breaker_window: String,
+    /// Size of the breaker window (calls or seconds).
+    pub breaker_window_size: usize,
+    /// Calls the window must hold before the breaker may open.
+    pub breaker_minimum_calls: usize,
+    /// Failure rate (percent) that opens the breaker.
+    pub breaker_failure_rate: f64,
+    /// Slow-call rate (percent) that opens the breaker.
+    pub breaker_slow_call_rate: f64,
+    /// A batch write slower than this is slow, milliseconds.
+    pub breaker_slow_call_ms: u64,
+    /// How long the breaker stays open before trial calls, milliseconds.
+    pub breaker_wait_open_ms: u64,
+    /// Trial calls in half-open.
+    pub breaker_half_open_calls: usize,
+    /// How often the operator's forced mode is read from Redis, milliseconds.
+    pub breaker_mode_poll_ms: u64,
 }
 
 impl Settings {
+    /// The circuit breaker's settings (validation guarantees they make sense).
+    pub fn breaker(&self) -> crate::breaker::Config {
+        use std::time::Duration;
+        let size = self.breaker_window_size;
+        crate::breaker::Config {
+            window: if self.breaker_window == "time" {
+                crate::breaker::Window::Time(Duration::from_secs(size as u64))
+            } else {
+                crate::breaker::Window::Count(size)
+            },
+            minimum_calls: self.breaker_minimum_calls,
+            failure_rate_threshold: self.breaker_failure_rate,
+            slow_call_rate_threshold: self.breaker_slow_call_rate,
+            slow_call_duration: Duration::from_millis(self.breaker_slow_call_ms),
+            wait_in_open: Duration::from_millis(self.breaker_wait_open_ms),
+            permitted_in_half_open: self.breaker_half_open_calls,
+        }
+    }
+
     /// The retry tiers, parsed (validation guarantees they parse).
     pub fn retry_tiers(&self) -> Vec<u64> {
         seckill_config::split_list(&self.retry_tiers_ms)
@@ -65,6 +103,15 @@ impl Default for Settings {
             retry_budget_ratio: 0.2,
             retry_budget_min_per_sec: 10.0,
             lock_timeout_ms: 2_000,
+            breaker_window: "count".into(),
+            breaker_window_size: 20,
+            breaker_minimum_calls: 5,
+            breaker_failure_rate: 50.0,
+            breaker_slow_call_rate: 100.0,
+            breaker_slow_call_ms: 5_000,
+            breaker_wait_open_ms: 5_000,
+            breaker_half_open_calls: 2,
+            breaker_mode_poll_ms: 1_000,
         }
     }
 }
@@ -83,6 +130,20 @@ impl Validate for Settings {
         let parsed = self.retry_tiers();
         if parsed.is_empty() || parsed.len() != tiers.len() || parsed.contains(&0) {
             return Err("retry_tiers_ms must list positive millisecond delays".into());
+        }
+        if !matches!(self.breaker_window.as_str(), "count" | "time")
+            || self.breaker_window_size == 0
+            || self.breaker_minimum_calls == 0
+            || self.breaker_half_open_calls == 0
+            || self.breaker_mode_poll_ms == 0
+        {
+            return Err("breaker_window must be count or time, and its sizes positive".into());
+        }
+        let percent = 0.0..=100.0;
+        if !percent.contains(&self.breaker_failure_rate)
+            || !percent.contains(&self.breaker_slow_call_rate)
+        {
+            return Err("breaker rates are percentages (0-100)".into());
         }
         if self.max_attempts == 0 || self.lock_timeout_ms == 0 {
             return Err("max_attempts and lock_timeout_ms must be positive".into());

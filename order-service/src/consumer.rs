@@ -65,6 +65,8 @@ pub struct OrderConsumer {
     pub batch_linger: Duration,
     /// Retry tiers, cap and budget.
     pub retry: Arc<RetryPolicy>,
+    /// The circuit breaker around the database.
+    pub breaker: Arc<crate::breaker::CircuitBreaker>,
     /// `lock_timeout` of the order transactions: a message stuck behind a lock becomes a
     /// transient failure (and a retry) instead of a wait without end.
     pub lock_timeout: Duration,
@@ -128,6 +130,56 @@ impl OrderConsumer {
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await
             .context("set prefetch")?;
+        self.connected.store(true, Ordering::Relaxed);
+
+        let mut in_flight = JoinSet::new();
+        let mut changes = self.breaker.subscribe();
+        let ended = loop {
+            // Paused while the breaker refuses calls: nothing is taken from the queue.
+            if self.breaker.state().pauses() {
+                tracing::warn!("circuit breaker open: consumer paused");
+                metrics::gauge!("order_consumer_paused").set(1.0);
+                while self.breaker.state().pauses() {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = changes.changed() => {}
+                    }
+                }
+                metrics::gauge!("order_consumer_paused").set(0.0);
+                if cancel.is_cancelled() {
+                    break Ok(());
+                }
+                tracing::info!("consumer resumed");
+            }
+            match self
+                .consume_until_paused(&channel, &publisher, &mut in_flight, &mut changes, cancel)
+                .await
+            {
+                Ok(Run::Paused) => continue,
+                Ok(Run::Stopped) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        while in_flight.join_next().await.is_some() {}
+        self.connected.store(false, Ordering::Relaxed);
+        let _ = publisher.close(200, "order-service stopping".into()).await;
+        let _ = channel.close(200, "order-service stopping".into()).await;
+        let _ = connection.close(200, "order-service stopping".into()).await;
+        ended
+    }
+
+    /// Consumes (batching deliveries) until the breaker pauses it, `cancel`, or an error.
+    /// On a pause or a stop the broker consumer is cancelled first; what the broker had
+    /// already pushed is handed back to the queue (pause) or handled (stop), so a clean stop
+    /// redelivers nothing and a pause keeps everything in the queue.
+    async fn consume_until_paused(
+        &self,
+        channel: &Channel,
+        publisher: &Channel,
+        in_flight: &mut JoinSet<()>,
+        changes: &mut tokio::sync::watch::Receiver<crate::breaker::State>,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Run> {
         let tag = format!("order-service-{}", uuid::Uuid::new_v4().simple());
         let mut deliveries = channel
             .basic_consume(
@@ -138,17 +190,19 @@ impl OrderConsumer {
             )
             .await
             .context("start consuming")?;
-        self.connected.store(true, Ordering::Relaxed);
         tracing::info!(queue = %self.topology.queue, prefetch = self.prefetch, "consuming");
-
-        let mut in_flight = JoinSet::new();
         let mut batch: Vec<Delivery> = Vec::with_capacity(self.batch_size);
         // Far future while the batch is empty; first delivery + linger once it is not.
         let idle = || tokio::time::Instant::now() + Duration::from_secs(3600);
         let mut flush_at = idle();
         let ended = loop {
             tokio::select! {
-                _ = cancel.cancelled() => break Ok(()),
+                _ = cancel.cancelled() => break Ok(Run::Stopped),
+                _ = changes.changed() => {
+                    if self.breaker.state().pauses() {
+                        break Ok(Run::Paused);
+                    }
+                }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
                         if batch.is_empty() {
@@ -177,8 +231,7 @@ impl OrderConsumer {
             }
         };
         if ended.is_ok() {
-            // Stop new deliveries, then handle those the broker already pushed to us (the
-            // stream ends after them), so a clean stop redelivers nothing.
+            // Stop new deliveries; the stream ends after those the broker already pushed.
             let _ = channel
                 .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                 .await;
@@ -194,14 +247,21 @@ impl OrderConsumer {
                 tracing::warn!("consumer did not end after cancel; the broker requeues the rest");
             }
         }
-        if !batch.is_empty() {
-            in_flight.spawn(self.clone().settle_even_on_panic(batch, publisher.clone()));
+        match ended {
+            Ok(Run::Paused) => {
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                };
+                for delivery in batch {
+                    let _ = delivery.nack(requeue).await;
+                }
+            }
+            _ if !batch.is_empty() => {
+                in_flight.spawn(self.clone().settle_even_on_panic(batch, publisher.clone()));
+            }
+            _ => {}
         }
-        while in_flight.join_next().await.is_some() {}
-        self.connected.store(false, Ordering::Relaxed);
-        let _ = publisher.close(200, "order-service stopping".into()).await;
-        let _ = channel.close(200, "order-service stopping".into()).await;
-        let _ = connection.close(200, "order-service stopping".into()).await;
         ended
     }
 
@@ -231,6 +291,13 @@ impl OrderConsumer {
 
     /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
     async fn handle_batch(&self, batch: Vec<Delivery>, publisher: &Channel) {
+        let Some(permit) = self.breaker.try_acquire() else {
+            // The breaker is refusing calls (the consumer is pausing, or half-open has all
+            // the trial calls it allows): hand the batch back, no attempt counted.
+            let requeues = batch.iter().map(|delivery| self.requeue(delivery));
+            futures_util::future::join_all(requeues).await;
+            return;
+        };
         metrics::counter!("orders_consumed_total").increment(batch.len() as u64);
         let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
         self.retry.record_first_attempts(first);
@@ -255,6 +322,10 @@ impl OrderConsumer {
         let started = std::time::Instant::now();
         let recorded = orders::record_batch(&self.db, &msgs, self.lock_timeout).await;
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
+        // Only the database being unavailable counts against it; a message's own trouble
+        // (a lock timeout) does not.
+        let unavailable = matches!(&recorded, Err(e) if !orders::is_transient_for_message(e));
+        self.breaker.record(permit, unavailable);
         match recorded {
             Ok(outcomes) => {
                 let settles = parsed
@@ -470,6 +541,14 @@ impl OrderConsumer {
             .await?;
         Ok(())
     }
+}
+
+/// How a consuming run ended.
+enum Run {
+    /// The breaker opened.
+    Paused,
+    /// Cancelled.
+    Stopped,
 }
 
 enum Settle {

@@ -12,6 +12,7 @@
 //! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
 //! - [`routes`] — `GET /api/orders`, `GET /api/orders/{id}`.
 
+pub mod breaker;
 pub mod config;
 pub mod consumer;
 pub mod orders;

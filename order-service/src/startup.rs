@@ -15,6 +15,7 @@ use seckill_messaging::Topology;
 use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
+use crate::breaker::CircuitBreaker;
 use crate::consumer::OrderConsumer;
 use crate::retry::{RetryBudget, RetryPolicy};
 use crate::routes::{self, AppState};
@@ -26,6 +27,7 @@ pub struct Application {
     port: u16,
     router: axum::Router,
     consumer: OrderConsumer,
+    mode_poll: Duration,
     cancel: CancellationToken,
 }
 
@@ -45,7 +47,12 @@ impl Application {
             settings.redis_pool_size,
         )?;
         let connected = Arc::new(AtomicBool::new(false));
+        let keys = RedisKeys::new(&settings.backend.namespace);
+        let breaker = Arc::new(CircuitBreaker::new(settings.breaker()));
         let state = AppState {
+            breaker: breaker.clone(),
+            redis: redis.clone(),
+            keys: keys.clone(),
             db: db.clone(),
             signer: IdentitySigner::new(
                 settings.backend.internal_key.expose(),
@@ -64,7 +71,7 @@ impl Application {
         let consumer = OrderConsumer {
             db,
             redis,
-            keys: RedisKeys::new(&settings.backend.namespace),
+            keys,
             buckets: moka::future::Cache::new(100_000),
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology: Topology::new(&settings.backend.namespace)
@@ -82,6 +89,7 @@ impl Application {
                 ),
             )),
             lock_timeout: Duration::from_millis(settings.lock_timeout_ms),
+            breaker,
             connected,
         };
         Ok(Self {
@@ -89,6 +97,7 @@ impl Application {
             port,
             router,
             consumer,
+            mode_poll: Duration::from_millis(settings.breaker_mode_poll_ms),
             cancel: CancellationToken::new(),
         })
     }
@@ -107,6 +116,13 @@ impl Application {
     /// deliveries, finishes and acks the ones in hand, and closes the channel.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let cancel = self.cancel.clone();
+        // The operator's forced mode, shared by every replica through Redis.
+        tokio::spawn(self.consumer.breaker.clone().follow_mode(
+            self.consumer.redis.clone(),
+            self.consumer.keys.breaker_forced(),
+            self.mode_poll,
+            cancel.clone(),
+        ));
         let consumer = tokio::spawn(self.consumer.run(cancel.clone()));
         tracing::info!(port = self.port, "order-service listening");
         let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;

@@ -86,6 +86,12 @@ impl RedisKeys {
         format!("{}:idem:{{u{}}}:{}", self.ns, user_id, key)
     }
 
+    /// order-service's circuit breaker override (`open` or `closed`; absent = automatic),
+    /// shared by every replica and surviving restarts.
+    pub fn breaker_forced(&self) -> String {
+        format!("{}:breaker:forced", self.ns)
+    }
+
     /// A `SCAN` pattern matching every key of the namespace (test clean-up).
     pub fn pattern(&self) -> String {
         format!("{}:*", self.ns)

@@ -1,6 +1,7 @@
 //! order-service against real Postgres, Redis and RabbitMQ, one namespace per test.
 
 mod batches;
+mod breaker;
 mod consume;
 mod helpers;
 mod retries;
