@@ -1,14 +1,29 @@
 //! Authentication at the door: bearer token → verified user id and roles.
+//!
+//! [`identify`] runs before the rate limiter and only records what it found (a [`Caller`] or
+//! an [`AuthFailure`], and the [`ClientIp`]), so a verified user is limited per user and
+//! everyone else — garbage tokens included — per client address. The proxy refuses the
+//! request afterwards if it needed a caller.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::Response;
 
-use seckill_auth::JwtVerifier;
-use seckill_auth::jwt::TokenError;
+use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
+use seckill_config::split_list;
 use seckill_http::error_response;
+use seckill_http::layers::RouteLabel;
 
-/// A caller whose token verified.
+use crate::Settings;
+use crate::client_ip::{ClientIp, TrustedProxies};
+
+/// A caller whose token verified (request extension).
 #[derive(Debug, Clone)]
 pub struct Caller {
     /// The token's `sub`.
@@ -17,9 +32,73 @@ pub struct Caller {
     pub roles: Vec<String>,
 }
 
-/// Verifies the bearer token in `headers`; on failure, the reason for metrics (the caller
-/// is told only "unauthorized", see [`unauthorized`]).
-pub fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Caller, &'static str> {
+impl Caller {
+    /// Whether the caller holds the `admin` role.
+    pub fn is_admin(&self) -> bool {
+        self.roles.iter().any(|r| r == "admin")
+    }
+}
+
+/// Why a request carries no [`Caller`] (request extension): a metric label, never sent.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthFailure(pub &'static str);
+
+/// What [`identify`] needs.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    /// Verifies user tokens.
+    pub verifier: JwtVerifier,
+    /// Whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Arc<TrustedProxies>,
+}
+
+/// The verifier the settings describe: algorithm, key (read from the file if named), rules.
+pub fn verifier(settings: &Settings) -> anyhow::Result<JwtVerifier> {
+    let rules = ClaimRules {
+        issuers: split_list(&settings.jwt_issuer),
+        audiences: split_list(&settings.jwt_audience),
+        leeway_secs: settings.jwt_leeway_secs,
+    };
+    let key: Vec<u8> = match settings.jwt_algorithm {
+        JwtAlgorithm::HS256 => settings.jwt_secret.expose().as_bytes().to_vec(),
+        _ if !settings.jwt_public_key_pem.trim().is_empty() => {
+            settings.jwt_public_key_pem.as_bytes().to_vec()
+        }
+        _ => std::fs::read(&settings.jwt_public_key_file).with_context(|| {
+            format!("read jwt_public_key_file {}", settings.jwt_public_key_file)
+        })?,
+    };
+    JwtVerifier::new(settings.jwt_algorithm, &key, &rules).context("jwt public key")
+}
+
+/// Records the client address and the outcome of the bearer token in the request
+/// extensions; refuses nothing itself.
+pub async fn identify(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    let label = crate::proxy::route_label(request.uri().path());
+    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        let ip = gate.trusted_proxies.client_ip(peer.ip(), request.headers());
+        request.extensions_mut().insert(ClientIp(ip));
+    }
+    match authenticate(&gate.verifier, request.headers()) {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+        }
+        Err(reason) => {
+            request.extensions_mut().insert(AuthFailure(reason));
+        }
+    }
+    let mut response = next.run(request).await;
+    // Answers made before the proxy (429s) still count under their upstream.
+    if response.extensions().get::<RouteLabel>().is_none()
+        && let Some(label) = label
+    {
+        response.extensions_mut().insert(RouteLabel(label));
+    }
+    response
+}
+
+/// Verifies the bearer token in `headers`; on failure, the reason for logs and metrics.
+fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Caller, &'static str> {
     let token = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -32,40 +111,48 @@ pub fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Calle
     let Some(token) = token else {
         return Err("missing_token");
     };
-    match verifier.verify(token) {
-        Ok((user_id, claims)) => Ok(Caller {
+    verifier
+        .verify(token)
+        .map(|(user_id, claims)| Caller {
             user_id,
             roles: claims.roles,
-        }),
-        Err(TokenError::BadSubject) => Err("bad_subject"),
-        Err(TokenError::Invalid(reason)) => {
-            tracing::debug!(%reason, "token refused");
-            Err("invalid_token")
-        }
-    }
+        })
+        .map_err(|e| e.reason())
 }
 
-/// The 401 for a refused token; `reason` is counted, never sent.
+/// The 401 for a refused token: one message whatever went wrong; `reason` goes to the log
+/// and to `gateway_auth_failures_total{reason}`.
 pub fn unauthorized(reason: &'static str) -> Response {
     metrics::counter!("gateway_auth_failures_total", "reason" => reason).increment(1);
+    tracing::info!(reason, "request refused: no valid bearer token");
     let mut response = error_response(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
         "a valid bearer token is required",
     );
-    response.headers_mut().insert(
-        WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"seckill\""),
-    );
+    // RFC 6750 §3: no error code when no token was sent, `invalid_token` otherwise.
+    let challenge = if reason == "missing_token" {
+        "Bearer realm=\"seckill\""
+    } else {
+        "Bearer realm=\"seckill\", error=\"invalid_token\""
+    };
+    response
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
     response
 }
 
 /// The 403 for a non-admin on an admin route.
 pub fn forbidden() -> Response {
     metrics::counter!("gateway_auth_failures_total", "reason" => "not_admin").increment(1);
-    error_response(
+    let mut response = error_response(
         StatusCode::FORBIDDEN,
         "forbidden",
         "this action needs the admin role",
-    )
+    );
+    response.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"seckill\", error=\"insufficient_scope\""),
+    );
+    response
 }

@@ -2,7 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use seckill_config::{DEV_INTERNAL_KEY, DEV_JWT_SECRET, Secret, Validate, split_list};
+use seckill_auth::JwtAlgorithm;
+use seckill_config::{
+    DEV_INTERNAL_KEY, DEV_JWT_SECRET, Secret, Validate, split_list, validate_namespace,
+};
+
+use crate::client_ip::TrustedProxies;
+use crate::ratelimit::RateLimitBackend;
 
 /// Everything the gateway reads at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -12,9 +18,19 @@ pub struct Settings {
     pub host: String,
     /// Port to bind; 0 picks a free one (tests).
     pub port: u16,
-    /// HS256 secret of user tokens.
+    /// The only algorithm user tokens may be signed with: `HS256`, `RS256` or `EdDSA`.
+    pub jwt_algorithm: JwtAlgorithm,
+    /// HS256 secret of user tokens (unused with RS256/EdDSA).
     pub jwt_secret: Secret,
-    /// Clock skew tolerated on `exp`/`nbf`, seconds.
+    /// RS256/EdDSA: the identity provider's public key, PEM text.
+    pub jwt_public_key_pem: String,
+    /// RS256/EdDSA: a file holding that PEM, when not given inline.
+    pub jwt_public_key_file: String,
+    /// Accepted `iss` values, comma-separated; empty: not checked.
+    pub jwt_issuer: String,
+    /// Accepted `aud` values, comma-separated; empty: not checked.
+    pub jwt_audience: String,
+    /// Clock skew tolerated on `exp`/`nbf`/`iat`, seconds.
     pub jwt_leeway_secs: u64,
     /// Key of the identity signature the gateway adds for backends.
     pub internal_key: Secret,
@@ -22,12 +38,44 @@ pub struct Settings {
     pub seckill_api_urls: String,
     /// order-service replicas, comma-separated base URLs.
     pub order_service_urls: String,
+    /// How long a replica that refused a connection is skipped, milliseconds (0: never).
+    pub upstream_eject_ms: u64,
+    /// Deadline to open a connection to a replica, milliseconds; beyond it the next is tried.
+    pub upstream_connect_timeout_ms: u64,
+    /// Deadline for a replica's response head, milliseconds (504 beyond it, no retry).
+    pub upstream_request_timeout_ms: u64,
     /// Requests in flight at once; beyond it the gateway sheds load with a fast 503.
     pub max_in_flight: usize,
     /// Whole-request deadline, milliseconds (504 beyond it).
     pub request_timeout_ms: u64,
     /// Largest request body accepted, bytes (413 beyond it).
     pub max_body_bytes: usize,
+    /// Largest request line plus headers, bytes (431 beyond it).
+    pub max_header_bytes: usize,
+    /// Most request headers accepted (431 beyond it).
+    pub max_headers: usize,
+    /// Master switch of the per-user/per-IP rate limits.
+    pub rate_limit_enabled: bool,
+    /// `POST /api/seckill/{id}`: requests per second per user (per IP unauthenticated); 0: off.
+    pub rate_purchase_per_sec: u32,
+    /// `POST /api/seckill/{id}`: burst allowed on top of the rate; 0: off.
+    pub rate_purchase_burst: u32,
+    /// Every other proxied route: requests per second per user or IP; 0: off.
+    pub rate_default_per_sec: u32,
+    /// Every other proxied route: burst; 0: off.
+    pub rate_default_burst: u32,
+    /// Proxies whose `X-Forwarded-For` is believed, comma-separated IPs/CIDRs; empty: none.
+    pub trusted_proxies: String,
+    /// Where rate-limit buckets live: `memory` (per replica) or `redis` (shared by replicas).
+    pub rate_limit_backend: RateLimitBackend,
+    /// With `redis`: how long a request waits for its check before it is let through.
+    pub rate_limit_redis_timeout_ms: u64,
+    /// Redis of the `redis` backend: one URL, or with `redis_cluster` the seed URLs.
+    pub redis_url: Secret,
+    /// Whether `redis_url` names a Redis Cluster.
+    pub redis_cluster: bool,
+    /// Prefix of the gateway's Redis keys (shared with the backends: `SECKILL_NAMESPACE`).
+    pub namespace: String,
     /// `json` or `pretty`.
     pub log_format: String,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
@@ -39,14 +87,39 @@ impl Default for Settings {
         Self {
             host: "0.0.0.0".into(),
             port: 8080,
+            jwt_algorithm: JwtAlgorithm::HS256,
             jwt_secret: DEV_JWT_SECRET.into(),
+            jwt_public_key_pem: String::new(),
+            jwt_public_key_file: String::new(),
+            jwt_issuer: String::new(),
+            jwt_audience: String::new(),
             jwt_leeway_secs: 5,
             internal_key: DEV_INTERNAL_KEY.into(),
             seckill_api_urls: "http://127.0.0.1:8081".into(),
             order_service_urls: "http://127.0.0.1:8082".into(),
+            upstream_eject_ms: 5_000,
+            upstream_connect_timeout_ms: 2_000,
+            upstream_request_timeout_ms: 8_000,
             max_in_flight: 4096,
             request_timeout_ms: 10_000,
             max_body_bytes: 64 * 1024,
+            // Above the 20 kB request ids a hostile client may send (they are replaced, not
+            // refused), well under hyper's ~400 kB buffer.
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            rate_limit_enabled: true,
+            // High enough that the load test (one purchase per user) and wrk's repeat
+            // purchases are never throttled; they stop a single client's flood.
+            rate_purchase_per_sec: 20,
+            rate_purchase_burst: 40,
+            rate_default_per_sec: 100,
+            rate_default_burst: 200,
+            trusted_proxies: String::new(),
+            rate_limit_backend: RateLimitBackend::Memory,
+            rate_limit_redis_timeout_ms: 100,
+            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_cluster: false,
+            namespace: "seckill".into(),
             log_format: "json".into(),
             log_filter: "info".into(),
         }
@@ -63,13 +136,36 @@ impl Settings {
     pub fn order_service_upstreams(&self) -> Vec<String> {
         split_list(&self.order_service_urls)
     }
+
+    /// The parsed `trusted_proxies`.
+    pub fn trusted_proxy_list(&self) -> Result<TrustedProxies, String> {
+        TrustedProxies::parse(&self.trusted_proxies)
+    }
+
+    fn validate_jwt(&self) -> Result<(), String> {
+        if self.jwt_algorithm == JwtAlgorithm::HS256 {
+            if self.jwt_secret.expose().len() < 16 {
+                return Err("jwt_secret must be at least 16 bytes".into());
+            }
+            return Ok(());
+        }
+        match (
+            self.jwt_public_key_pem.trim().is_empty(),
+            self.jwt_public_key_file.trim().is_empty(),
+        ) {
+            (false, false) => Err("set jwt_public_key_pem or jwt_public_key_file, not both".into()),
+            (true, true) => Err(format!(
+                "jwt_algorithm {:?} needs jwt_public_key_pem or jwt_public_key_file",
+                self.jwt_algorithm
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Validate for Settings {
     fn validate(&self) -> Result<(), String> {
-        if self.jwt_secret.expose().len() < 16 {
-            return Err("jwt_secret must be at least 16 bytes".into());
-        }
+        self.validate_jwt()?;
         for url in self
             .seckill_api_upstreams()
             .iter()
@@ -85,6 +181,63 @@ impl Validate for Settings {
         if self.max_in_flight == 0 || self.request_timeout_ms == 0 {
             return Err("max_in_flight and request_timeout_ms must be positive".into());
         }
+        if self.upstream_connect_timeout_ms == 0 || self.upstream_request_timeout_ms == 0 {
+            return Err("upstream timeouts must be positive".into());
+        }
+        // Below these even an ordinary browser request would be refused.
+        if self.max_header_bytes < 1024 || self.max_headers < 16 {
+            return Err("max_header_bytes must be >= 1024 and max_headers >= 16".into());
+        }
+        self.trusted_proxy_list()?;
+        if self.rate_limit_backend == RateLimitBackend::Redis {
+            validate_namespace(&self.namespace)?;
+            if self.rate_limit_redis_timeout_ms == 0 {
+                return Err("rate_limit_redis_timeout_ms must be positive".into());
+            }
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(Settings::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_public_key_algorithm_needs_exactly_one_key_source() {
+        let rs256 = Settings {
+            jwt_algorithm: JwtAlgorithm::RS256,
+            ..Settings::default()
+        };
+        assert!(rs256.validate().is_err());
+        let inline = Settings {
+            jwt_public_key_pem: "-----BEGIN PUBLIC KEY-----".into(),
+            ..rs256.clone()
+        };
+        assert_eq!(inline.validate(), Ok(()));
+        let both = Settings {
+            jwt_public_key_file: "/etc/key.pem".into(),
+            ..inline
+        };
+        assert!(both.validate().is_err());
+    }
+
+    #[test]
+    fn a_bad_trusted_proxy_or_header_limit_is_refused() {
+        let bad_proxy = Settings {
+            trusted_proxies: "10.0.0.0/8, nope".into(),
+            ..Settings::default()
+        };
+        assert!(bad_proxy.validate().is_err());
+        let tiny = Settings {
+            max_header_bytes: 100,
+            ..Settings::default()
+        };
+        assert!(tiny.validate().is_err());
     }
 }

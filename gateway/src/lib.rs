@@ -1,19 +1,27 @@
 //! The gateway: the only public door.
 //!
-//! Every request to a business route is authenticated here (HS256 JWT, algorithm pinned),
-//! stripped of any identity header the client sent, signed with the gateway's own identity
-//! credential (see `seckill_auth::identity`), and proxied to a replica of the owning service
-//! over a pooled keep-alive client. In-flight requests are bounded (fast 503 beyond), each
-//! has a deadline (504), and bodies are size-limited (413).
+//! Every request to a business route is authenticated here (a JWT whose algorithm — HS256,
+//! RS256 or EdDSA — is pinned by configuration), rate-limited per user (per client address
+//! when there is no user), stripped of any identity header the client sent, signed with the
+//! gateway's own identity credential (see `seckill_auth::identity`), and proxied to a
+//! replica of the owning service over a pooled keep-alive client. In-flight requests are
+//! bounded (fast 503 beyond), each has a deadline (504), bodies and heads are size-limited
+//! (413, 431).
 //!
 //! Layout:
-//! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`.
+//! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`;
+//!   [`serve`] — the accept loop with request-head limits.
 //! - [`auth`] — bearer token → verified identity, admin check.
-//! - [`proxy`] — route table, upstream selection, request forwarding.
+//! - [`client_ip`] — the client address, through trusted proxies only.
+//! - [`ratelimit`] — per-user / per-address GCRA quotas.
+//! - [`proxy`] — route table, upstream selection and ejection, request forwarding.
 
 pub mod auth;
+pub mod client_ip;
 pub mod config;
 pub mod proxy;
+pub mod ratelimit;
+pub mod serve;
 pub mod startup;
 
 pub use config::Settings;

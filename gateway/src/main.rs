@@ -6,9 +6,9 @@ use gateway::{Application, Settings};
 async fn main() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("gateway")?;
     seckill_telemetry::init_tracing("gateway", &settings.log_filter, &settings.log_format);
-    if settings.jwt_secret.expose() == seckill_config::DEV_JWT_SECRET
-        || settings.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY
-    {
+    let dev_jwt_secret = settings.jwt_algorithm == seckill_auth::JwtAlgorithm::HS256
+        && settings.jwt_secret.expose() == seckill_config::DEV_JWT_SECRET;
+    if dev_jwt_secret || settings.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
         tracing::warn!(
             "running with development secrets; set SECKILL_JWT_SECRET and SECKILL_INTERNAL_KEY"
         );

@@ -6,6 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
+use axum::handler::Handler;
+use axum::middleware;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -13,11 +15,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
-use seckill_auth::{IdentitySigner, JwtVerifier};
+use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
 
 use crate::Settings;
+use crate::auth::{self, Gate};
 use crate::proxy::{self, ProxyState, UpstreamClient, Upstreams};
+use crate::ratelimit::RateLimits;
+use crate::serve::{self, HeadLimits};
 
 /// A built, not yet running, gateway.
 #[derive(Debug)]
@@ -26,6 +31,7 @@ pub struct Application {
     port: u16,
     router: Router,
     cancel: CancellationToken,
+    limits: HeadLimits,
 }
 
 impl Application {
@@ -33,27 +39,49 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        connector.set_connect_timeout(Some(Duration::from_millis(
+            settings.upstream_connect_timeout_ms,
+        )));
         let client: UpstreamClient = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
             .build(connector);
+        let trusted_proxies = Arc::new(settings.trusted_proxy_list().map_err(anyhow::Error::msg)?);
+        let eject_for = Duration::from_millis(settings.upstream_eject_ms);
         let state = ProxyState {
-            verifier: JwtVerifier::hs256(settings.jwt_secret.expose(), settings.jwt_leeway_secs),
             signer: IdentitySigner::new(settings.internal_key.expose(), 30_000),
             seckill_api: Arc::new(Upstreams::new(
                 "seckill-api",
                 settings.seckill_api_upstreams(),
+                eject_for,
             )),
             order_service: Arc::new(Upstreams::new(
                 "order-service",
                 settings.order_service_upstreams(),
+                eject_for,
             )),
             client,
+            upstream_timeout: Duration::from_millis(settings.upstream_request_timeout_ms),
             max_body_bytes: settings.max_body_bytes,
+            trusted_proxies: trusted_proxies.clone(),
         };
         let probes = readiness_probes(&state);
+        let gate = Gate {
+            verifier: auth::verifier(&settings)?,
+            trusted_proxies,
+        };
+        let cancel = CancellationToken::new();
+        let rate_limits = RateLimits::build(&settings).await?;
+        let housekeeping = rate_limits.clone();
 
+        // Every proxied request, outermost first: note the client address and the token's
+        // verdict → charge the user (or the address) against the route's quota → refuse
+        // (401/403) or forward. The ops routes are not limited: probes and scrapers must
+        // get through a flood, and wrk's filler requests hit /healthz.
+        let gated = ServiceBuilder::new()
+            .layer(middleware::from_fn_with_state(gate, auth::identify))
+            .layer(rate_limits)
+            .service(proxy::forward.with_state(state));
         // Outermost first: errors of the two layers below become JSON → shed when full
         // (never queue) → bound in-flight requests → per-request deadline.
         let overload = ServiceBuilder::new()
@@ -61,21 +89,24 @@ impl Application {
             .load_shed()
             .concurrency_limit(settings.max_in_flight)
             .timeout(Duration::from_millis(settings.request_timeout_ms));
-        let router = ops::router(probes)
-            .fallback(proxy::forward)
-            .with_state(state)
-            .layer(overload);
+        let router = ops::router(probes).fallback_service(gated).layer(overload);
         let router = seckill_http::layers::instrument(router, "gateway");
 
         let listener = TcpListener::bind((settings.host.as_str(), settings.port))
             .await
             .with_context(|| format!("bind {}:{}", settings.host, settings.port))?;
         let port = listener.local_addr()?.port();
+        // Only now: a build that failed leaves no task behind.
+        housekeeping.spawn_housekeeping(cancel.clone());
         Ok(Self {
             listener,
             port,
             router,
-            cancel: CancellationToken::new(),
+            cancel,
+            limits: HeadLimits {
+                max_header_bytes: settings.max_header_bytes,
+                max_headers: settings.max_headers,
+            },
         })
     }
 
@@ -92,7 +123,7 @@ impl Application {
     /// Serves until SIGINT/SIGTERM or the shutdown token, letting in-flight requests finish.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         tracing::info!(port = self.port, "gateway listening");
-        seckill_http::shutdown::serve(self.listener, self.router, self.cancel)
+        serve::serve(self.listener, self.router, self.cancel, self.limits)
             .await
             .context("serve http")?;
         tracing::info!("gateway stopped");

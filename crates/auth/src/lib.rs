@@ -2,7 +2,8 @@
 //! hands to backends.
 //!
 //! Layout:
-//! - [`jwt`] — claims, the pinned-algorithm verifier, and token minting (scripts, tests).
+//! - [`jwt`] — claims, the verifier pinned to one configured algorithm (HS256, RS256 or
+//!   EdDSA) with its `exp`/`nbf`/`iat`/`iss`/`aud` rules, and token minting (scripts, tests).
 //! - [`identity`] — the gateway → backend credential, an HMAC over user id, roles and a
 //!   timestamp, and the axum extractors backends use to read it.
 //!
@@ -14,4 +15,4 @@ pub mod identity;
 pub mod jwt;
 
 pub use identity::{AdminIdentity, Identity, IdentitySigner};
-pub use jwt::{Claims, JwtVerifier, mint_token};
+pub use jwt::{ClaimRules, Claims, JwtAlgorithm, JwtVerifier, TokenError, mint_token};

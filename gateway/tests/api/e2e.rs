@@ -139,3 +139,16 @@ async fn a_burst_of_buyers_gets_exactly_the_stock_as_orders() {
     db.close().await;
     platform.shutdown().await;
 }
+
+#[tokio::test]
+async fn order_service_admin_routes_are_reachable_by_admins_only() {
+    let platform = spawn_platform().await;
+    let response = platform.get("/admin/orders/breaker", &admin_token()).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["state"], "closed");
+    assert_eq!(body["mode"], "auto");
+    let response = platform.get("/admin/orders/breaker", &user_token(7)).await;
+    assert_error(response, 403, "forbidden").await;
+    platform.shutdown().await;
+}

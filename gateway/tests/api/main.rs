@@ -1,7 +1,16 @@
 //! The gateway, alone and in front of the real services (all in-process, real
 //! Postgres/Redis/RabbitMQ, one namespace per test), and the compose file's consistency.
+//!
+//! `echo` runs the gateway alone in front of a stand-in backend that answers with what it
+//! received: the token, rate-limit, upstream and overload tests use it.
 
 mod compose;
 mod e2e;
+mod echo;
 mod helpers;
+mod overload;
+mod ratelimit;
 mod security;
+mod shared_ratelimit;
+mod tokens;
+mod upstreams;

@@ -1,0 +1,174 @@
+//! What the gateway changes in the headers it forwards: hop-by-hop headers out, client
+//! address and scheme recorded, a W3C `traceparent` guaranteed.
+
+use std::net::SocketAddr;
+
+use axum::http::header::{AUTHORIZATION, HOST};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::client_ip::TrustedProxies;
+
+/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    HeaderName::from_static("connection"),
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-authenticate"),
+    HeaderName::from_static("proxy-authorization"),
+    HeaderName::from_static("te"),
+    HeaderName::from_static("trailer"),
+    HeaderName::from_static("upgrade"),
+];
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// The W3C trace context header.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Removes the headers that describe one hop only.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Drops hop-by-hop headers, the client's Host and token (backends trust only the signed
+/// identity), records the client address and scheme, and makes sure a trace context travels
+/// on. Returns the trace id, for the logs.
+pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxies) -> String {
+    strip_hop_by_hop(headers);
+    headers.remove(HOST);
+    headers.remove(AUTHORIZATION);
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(previous) => format!("{previous}, {}", peer.ip()),
+        None => peer.ip().to_string(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+    // The gateway listens on plain HTTP; only a trusted proxy in front (which ended TLS) can
+    // say the client used https.
+    let proto = headers
+        .get(&X_FORWARDED_PROTO)
+        .filter(|_| trusted.trusts(peer.ip().to_canonical()))
+        .filter(|v| *v == "https" || *v == "http")
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("http"));
+    headers.insert(X_FORWARDED_PROTO, proto);
+    ensure_traceparent(headers)
+}
+
+/// Keeps a caller's well-formed `traceparent` (the gateway records no spans of its own, so
+/// the caller's span stays the parent); otherwise starts a trace, sampled, and drops any
+/// `tracestate` that belonged to the discarded one. Returns the trace id.
+fn ensure_traceparent(headers: &mut HeaderMap) -> String {
+    if let Some(trace_id) = headers
+        .get(&TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(trace_id_of)
+    {
+        return trace_id.to_string();
+    }
+    headers.remove(&TRACESTATE);
+    // Zero ids are invalid (W3C trace context §3.2.2.3-4); `| 1` rules them out.
+    let trace_id = format!("{:032x}", rand::random::<u128>() | 1);
+    let parent_id = format!("{:016x}", rand::random::<u64>() | 1);
+    let value = format!("00-{trace_id}-{parent_id}-01");
+    headers.insert(
+        TRACEPARENT,
+        HeaderValue::from_str(&value).expect("hex and dashes"),
+    );
+    trace_id
+}
+
+/// The trace id of a version-00 `traceparent`, if it is well formed.
+fn trace_id_of(value: &str) -> Option<&str> {
+    let lower_hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let mut parts = value.split('-');
+    let (version, trace_id, parent_id, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let ok = parts.next().is_none()
+        && version == "00"
+        && lower_hex(trace_id, 32)
+        && lower_hex(parent_id, 16)
+        && lower_hex(flags, 2)
+        && trace_id.bytes().any(|b| b != b'0')
+        && parent_id.bytes().any(|b| b != b'0');
+    ok.then_some(trace_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn peer(text: &str) -> SocketAddr {
+        text.parse().expect("socket addr")
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_kept_and_a_missing_one_is_created() {
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
+        assert_eq!(
+            ensure_traceparent(&mut headers),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(headers[&TRACEPARENT], VALID);
+
+        let mut headers = HeaderMap::new();
+        let trace_id = ensure_traceparent(&mut headers);
+        let created = headers[&TRACEPARENT].to_str().expect("ascii").to_string();
+        assert_eq!(trace_id_of(&created), Some(trace_id.as_str()), "{created}");
+        assert!(created.starts_with("00-") && created.ends_with("-01"));
+    }
+
+    #[test]
+    fn a_malformed_traceparent_is_replaced_with_its_tracestate_dropped() {
+        for bad in [
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(TRACEPARENT, HeaderValue::from_static(bad));
+            headers.insert(TRACESTATE, HeaderValue::from_static("vendor=1"));
+            ensure_traceparent(&mut headers);
+            let now = headers[&TRACEPARENT].to_str().expect("ascii");
+            assert_ne!(now, bad);
+            assert!(trace_id_of(now).is_some(), "{bad} -> {now}");
+            assert!(!headers.contains_key(&TRACESTATE));
+        }
+    }
+
+    #[test]
+    fn forwarded_headers_record_the_peer_and_only_a_trusted_scheme() {
+        let trusted = TrustedProxies::parse("10.0.0.1").expect("parse");
+        let mut headers = HeaderMap::new();
+        headers.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+        headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        headers.insert("connection", HeaderValue::from_static("close"));
+        prepare(&mut headers, peer("10.0.0.1:5000"), &trusted);
+        assert_eq!(headers[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
+        assert_eq!(headers[&X_FORWARDED_PROTO], "https");
+        assert!(!headers.contains_key(AUTHORIZATION));
+        assert!(!headers.contains_key("connection"));
+
+        let mut headers = HeaderMap::new();
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+        prepare(&mut headers, peer("203.0.113.5:5000"), &trusted);
+        assert_eq!(
+            headers[&X_FORWARDED_PROTO], "http",
+            "an untrusted peer cannot claim https"
+        );
+        assert_eq!(headers[&X_FORWARDED_FOR], "203.0.113.5");
+    }
+}
