@@ -13,8 +13,8 @@ pub struct Settings {
     pub backend: BackendSettings,
     /// Port to bind; 0 picks a free one (tests).
     pub port: u16,
-    /// Unacknowledged deliveries the broker hands this replica at once; also how many are
-    /// written concurrently.
+    /// Unacknowledged deliveries the broker hands this replica at once; with `batch_size`
+    /// it bounds the batches written concurrently (prefetch / batch_size).
     pub prefetch: u16,
     /// Postgres connections in the pool.
     pub db_pool_size: u32,
@@ -92,7 +92,7 @@ impl Default for Settings {
         Self {
             backend: BackendSettings::default(),
             port: 8082,
-            prefetch: 64,
+            prefetch: 256,
             db_pool_size: 16,
             redis_pool_size: 16,
             requeue_delay_ms: 1_000,

@@ -126,10 +126,6 @@ impl OrderConsumer {
             .confirm_select(Default::default())
             .await
             .context("enable publisher confirms")?;
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await
-            .context("set prefetch")?;
         self.connected.store(true, Ordering::Relaxed);
 
         let mut in_flight = JoinSet::new();
@@ -151,11 +147,25 @@ impl OrderConsumer {
                 }
                 tracing::info!("consumer resumed");
             }
+            // Half-open takes one batch at a time (its trial calls), not a full prefetch
+            // that would mostly be handed back; prefetch applies to consumers created after.
+            let trial = self.breaker.state() == crate::breaker::State::HalfOpen;
+            let prefetch = if trial {
+                u16::try_from(self.batch_size).unwrap_or(u16::MAX)
+            } else {
+                self.prefetch
+            };
+            if let Err(e) = channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await
+            {
+                break Err(anyhow::Error::from(e).context("set prefetch"));
+            }
             match self
                 .consume_until_paused(&channel, &publisher, &mut in_flight, &mut changes, cancel)
                 .await
             {
-                Ok(Run::Paused) => continue,
+                Ok(Run::Paused | Run::Restart) => continue,
                 Ok(Run::Stopped) => break Ok(()),
                 Err(e) => break Err(e),
             }
@@ -195,12 +205,18 @@ impl OrderConsumer {
         // Far future while the batch is empty; first delivery + linger once it is not.
         let idle = || tokio::time::Instant::now() + Duration::from_secs(3600);
         let mut flush_at = idle();
+        let trial = self.breaker.state() == crate::breaker::State::HalfOpen;
         let ended = loop {
             tokio::select! {
                 _ = cancel.cancelled() => break Ok(Run::Stopped),
                 _ = changes.changed() => {
-                    if self.breaker.state().pauses() {
+                    let state = self.breaker.state();
+                    if state.pauses() {
                         break Ok(Run::Paused);
+                    }
+                    if trial != (state == crate::breaker::State::HalfOpen) {
+                        // Half-open ended (or began): consume again with the right prefetch.
+                        break Ok(Run::Restart);
                     }
                 }
                 next = deliveries.next() => match next {
@@ -547,6 +563,8 @@ impl OrderConsumer {
 enum Run {
     /// The breaker opened.
     Paused,
+    /// The breaker left (or entered) half-open: consume again with its prefetch.
+    Restart,
     /// Cancelled.
     Stopped,
 }

@@ -10,8 +10,10 @@
 //! URLs, as `scripts/redis-cluster.sh url` prints) runs the same tests on a Redis Cluster.
 
 pub mod broker;
+pub mod own_postgres;
 
 pub use broker::OwnBroker;
+pub use own_postgres::OwnPostgres;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -4,4 +4,5 @@ mod batches;
 mod breaker;
 mod consume;
 mod helpers;
+mod outage;
 mod retries;
