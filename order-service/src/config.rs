@@ -18,7 +18,7 @@ pub struct Settings {
     pub prefetch: u16,
     /// Postgres connections in the pool.
     pub db_pool_size: u32,
-    /// Redis connections in the pool.
+    /// Multiplexed Redis connections (1–8; each carries any number of concurrent commands).
     pub redis_pool_size: usize,
     /// Delay before a message that hit a transient failure is requeued.
     pub requeue_delay_ms: u64,

@@ -13,7 +13,7 @@ pub struct Settings {
     pub backend: BackendSettings,
     /// Port to bind; 0 picks a free one (tests).
     pub port: u16,
-    /// Redis connections in the pool.
+    /// Multiplexed Redis connections (1–8; each carries any number of concurrent commands).
     pub redis_pool_size: usize,
     /// Postgres connections in the pool.
     pub db_pool_size: u32,

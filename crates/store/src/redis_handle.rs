@@ -1,17 +1,22 @@
 //! One Redis handle for a single server or a Redis Cluster.
 //!
 //! Every script and command of the platform touches keys of one hash slot, so the same code
-//! runs on both: a single server through a connection pool, a cluster through redis-rs'
-//! cluster client, which routes each command by its keys and follows `MOVED`/`ASK`. The
-//! cluster connection is multiplexed and opened lazily on first use, so a service can start
-//! before Redis is reachable, as it can with the pool.
+//! runs on both: a single server through a few multiplexed, self-reconnecting connections
+//! (redis-rs' `ConnectionManager`), a cluster through redis-rs' cluster client, which routes
+//! each command by its keys and follows `MOVED`/`ASK`. Multiplexed rather than pooled: a
+//! pool checks each connection out with a `PING` and hands it back with an `UNWATCH`, two
+//! round trips for every command, which measured as most of a purchase's Redis time. All
+//! connections open lazily on first use, so a service can start before Redis is reachable.
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
 /// Command and connect timeout. redis-rs defaults to 500 ms, short enough that a Redis pause
@@ -21,10 +26,17 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// Where Redis is: one server, or the seed nodes of a cluster.
 #[derive(Clone)]
 pub enum Redis {
-    /// A single server behind a pool.
-    Single(deadpool_redis::Pool),
+    /// A single server behind a few multiplexed connections.
+    Single(Arc<LazySingle>),
     /// A Redis Cluster.
     Cluster(std::sync::Arc<LazyCluster>),
+}
+
+/// Multiplexed connections to one server, each opened on first use, used in turn.
+pub struct LazySingle {
+    client: redis::Client,
+    connections: Vec<OnceCell<ConnectionManager>>,
+    next: AtomicUsize,
 }
 
 /// A cluster client whose (multiplexed) connection opens on first use.
@@ -44,8 +56,9 @@ impl std::fmt::Debug for Redis {
 
 impl Redis {
     /// A handle on `url`. With `cluster`, `url` is a comma-separated list of seed node URLs;
-    /// otherwise one server's URL, pooled up to `pool_size` connections. Never blocks on Redis.
-    pub fn new(url: &str, cluster: bool, pool_size: usize) -> anyhow::Result<Self> {
+    /// otherwise one server's URL over `connections` multiplexed connections (1–8, each
+    /// carrying any number of concurrent commands). Never blocks on Redis.
+    pub fn new(url: &str, cluster: bool, connections: usize) -> anyhow::Result<Self> {
         if cluster {
             let seeds: Vec<&str> = url
                 .split(',')
@@ -62,18 +75,14 @@ impl Redis {
                 connection: OnceCell::new(),
             })));
         }
-        let connection = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(TIMEOUT))
-            .set_response_timeout(Some(TIMEOUT));
-        let manager = deadpool_redis::Manager::new_with_config(url, connection)?;
-        let pool = deadpool_redis::Pool::builder(manager)
-            .max_size(pool_size)
-            .wait_timeout(Some(TIMEOUT))
-            .create_timeout(Some(TIMEOUT))
-            .recycle_timeout(Some(TIMEOUT))
-            .runtime(deadpool_redis::Runtime::Tokio1)
-            .build()?;
-        Ok(Self::Single(pool))
+        let connections = (0..connections.clamp(1, 8))
+            .map(|_| OnceCell::new())
+            .collect();
+        Ok(Self::Single(Arc::new(LazySingle {
+            client: redis::Client::open(url)?,
+            connections,
+            next: AtomicUsize::new(0),
+        })))
     }
 
     /// Whether this is a cluster handle.
@@ -81,18 +90,21 @@ impl Redis {
         matches!(self, Self::Cluster(_))
     }
 
-    /// A connection: one from the pool, or a clone of the cluster's multiplexed one. Hand a
-    /// pooled one back (drop it) before waiting on anything else.
+    /// A connection: a clone of a multiplexed one (cheap; drop it whenever).
     pub async fn get(&self) -> Result<RedisConn, RedisError> {
         match self {
-            Self::Single(pool) => pool
-                .get()
-                .await
-                .map(RedisConn::Single)
-                .map_err(|e| match e {
-                    deadpool_redis::PoolError::Backend(e) => e,
-                    other => RedisError::from((ErrorKind::Io, "redis pool", other.to_string())),
-                }),
+            Self::Single(single) => {
+                let index = single.next.fetch_add(1, Ordering::Relaxed) % single.connections.len();
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(TIMEOUT))
+                    .set_response_timeout(Some(TIMEOUT));
+                let connection = single.connections[index]
+                    .get_or_try_init(|| {
+                        ConnectionManager::new_with_config(single.client.clone(), config)
+                    })
+                    .await?;
+                Ok(RedisConn::Single(connection.clone()))
+            }
             Self::Cluster(cluster) => {
                 let connection = cluster
                     .connection
@@ -106,8 +118,8 @@ impl Redis {
 
 /// A connection from [`Redis::get`]; use it like any redis-rs async connection.
 pub enum RedisConn {
-    /// Pooled single-server connection.
-    Single(deadpool_redis::Connection),
+    /// Multiplexed single-server connection.
+    Single(ConnectionManager),
     /// Cluster connection (routes by key).
     Cluster(ClusterConnection),
 }
