@@ -56,6 +56,18 @@ pub struct Settings {
     pub breaker_half_open_calls: usize,
     /// How often the operator's forced mode is read from Redis, milliseconds.
     pub breaker_mode_poll_ms: u64,
+    /// Seconds a new order has to be paid before it is cancelled and its unit goes back on
+    /// sale; 0: orders never expire.
+    pub payment_window_secs: u64,
+    /// How often the payment-window sweep and the compensation relay look for work when
+    /// they found none, milliseconds.
+    pub compensation_poll_ms: u64,
+    /// Redrives after which a dead letter that fails again is quarantined.
+    pub quarantine_after_redrives: i32,
+    /// Redriven messages published per second at most (a token bucket, per replica)…
+    pub redrive_per_sec: f64,
+    /// …and at once.
+    pub redrive_burst: f64,
 }
 
 impl Settings {
@@ -76,6 +88,12 @@ impl Settings {
             wait_in_open: Duration::from_millis(self.breaker_wait_open_ms),
             permitted_in_half_open: self.breaker_half_open_calls,
         }
+    }
+
+    /// The payment window, if orders have one.
+    pub fn payment_window(&self) -> Option<std::time::Duration> {
+        (self.payment_window_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.payment_window_secs))
     }
 
     /// The retry tiers, parsed (validation guarantees they parse).
@@ -112,6 +130,11 @@ impl Default for Settings {
             breaker_wait_open_ms: 5_000,
             breaker_half_open_calls: 2,
             breaker_mode_poll_ms: 1_000,
+            payment_window_secs: 900,
+            compensation_poll_ms: 500,
+            quarantine_after_redrives: 3,
+            redrive_per_sec: 50.0,
+            redrive_burst: 50.0,
         }
     }
 }
@@ -150,6 +173,14 @@ impl Validate for Settings {
         }
         if !(0.0..=10.0).contains(&self.retry_budget_ratio) || self.retry_budget_min_per_sec < 0.0 {
             return Err("retry budget must be a ratio in 0..=10 and a non-negative rate".into());
+        }
+        if self.compensation_poll_ms == 0 || self.quarantine_after_redrives <= 0 {
+            return Err(
+                "compensation_poll_ms and quarantine_after_redrives must be positive".into(),
+            );
+        }
+        if !(self.redrive_per_sec > 0.0 && self.redrive_burst >= 1.0) {
+            return Err("redrive_per_sec must be positive and redrive_burst at least 1".into());
         }
         Ok(())
     }

@@ -67,9 +67,10 @@ pub struct OrderConsumer {
     pub retry: Arc<RetryPolicy>,
     /// The circuit breaker around the database.
     pub breaker: Arc<crate::breaker::CircuitBreaker>,
-    /// `lock_timeout` of the order transactions: a message stuck behind a lock becomes a
-    /// transient failure (and a retry) instead of a wait without end.
-    pub lock_timeout: Duration,
+    /// How orders are written: the `lock_timeout` of their transactions (a message stuck
+    /// behind a lock becomes a transient failure and a retry instead of a wait without end)
+    /// and their payment window.
+    pub write: orders::WriteOptions,
     /// Wait before requeueing after a transient failure, so an outage is not a busy loop.
     pub requeue_delay: Duration,
     /// True while consuming (read by `/readyz`).
@@ -336,7 +337,7 @@ impl OrderConsumer {
         let msgs: Vec<OrderMessage> = parsed.iter().map(|(_, msg)| msg.clone()).collect();
         metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
         let started = std::time::Instant::now();
-        let recorded = orders::record_batch(&self.db, &msgs, self.lock_timeout).await;
+        let recorded = orders::record_batch(&self.db, &msgs, self.write).await;
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
         // Only the database being unavailable counts against it; a message's own trouble
         // (a lock timeout) does not.

@@ -10,12 +10,20 @@
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`.
 //! - [`orders`] — the idempotent write and order queries.
 //! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
-//! - [`routes`] — `GET /api/orders`, `GET /api/orders/{id}`.
+//! - [`routes`] — `GET /api/orders`, `GET /api/orders/{id}`, `POST …/pay`, `POST …/cancel`.
+//! - [`breaker`] — the circuit breaker around the database; [`retry`] — tiers and budget.
+//! - [`recorder`] — drains the dead-letter queue into the parking lot ([`parking`]), which
+//!   [`admin`] and the CLI list, redrive, ignore and clear.
+//! - [`compensation`] — the payment window and putting given-up units back on sale.
 
+pub mod admin;
 pub mod breaker;
+pub mod compensation;
 pub mod config;
 pub mod consumer;
 pub mod orders;
+pub mod parking;
+pub mod recorder;
 pub mod retry;
 pub mod routes;
 pub mod startup;

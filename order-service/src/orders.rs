@@ -47,6 +47,30 @@ pub struct Order {
     pub accepted_at: DateTime<Utc>,
     /// When the order was written.
     pub created_at: DateTime<Utc>,
+    /// Unpaid by then, it is cancelled and its unit goes back on sale (`null`: no deadline).
+    pub pay_by: Option<DateTime<Utc>>,
+    /// When it was paid.
+    pub paid_at: Option<DateTime<Utc>>,
+    /// When it was cancelled.
+    pub cancelled_at: Option<DateTime<Utc>>,
+    /// Why: `cancelled` (by the buyer) or `payment_expired`.
+    pub cancel_reason: Option<String>,
+}
+
+/// How orders are written.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteOptions {
+    /// How long a transaction waits for a lock before it fails (and the message retries).
+    pub lock_timeout: Duration,
+    /// Time a new order has to be paid (`pay_by`); `None`: no deadline.
+    pub payment_window: Option<Duration>,
+}
+
+impl WriteOptions {
+    /// The window in seconds for SQL; NULL (no `pay_by`) without one.
+    fn window_secs(&self) -> Option<f64> {
+        self.payment_window.map(|w| w.as_secs_f64())
+    }
 }
 
 /// Postgres error codes that mean "this message is wrong", not "try again".
@@ -57,18 +81,20 @@ const CHECK_VIOLATION: &str = "23514";
 pub async fn record(
     db: &PgPool,
     msg: &OrderMessage,
-    lock_timeout: Duration,
+    options: WriteOptions,
 ) -> Result<Recorded, sqlx::Error> {
-    let mut tx = begin(db, lock_timeout).await?;
+    let mut tx = begin(db, options.lock_timeout).await?;
     let inserted: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
-        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING id",
+        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, pay_by) \
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::double precision)) \
+         ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(msg.request_id)
     .bind(msg.user_id)
     .bind(msg.product_id)
     .bind(msg.price_cents)
     .bind(msg.created_at)
+    .bind(options.window_secs())
     .fetch_optional(&mut *tx)
     .await;
     let order_id = match inserted {
@@ -142,15 +168,15 @@ pub async fn record(
 pub async fn record_batch(
     db: &PgPool,
     msgs: &[OrderMessage],
-    lock_timeout: Duration,
+    options: WriteOptions,
 ) -> Result<Vec<Recorded>, sqlx::Error> {
-    match try_batch(db, msgs, lock_timeout).await? {
+    match try_batch(db, msgs, options).await? {
         Some(outcomes) => Ok(outcomes),
         None => {
             metrics::counter!("orders_batch_fallbacks_total").increment(1);
             let mut outcomes = Vec::with_capacity(msgs.len());
             for msg in msgs {
-                outcomes.push(record(db, msg, lock_timeout).await?);
+                outcomes.push(record(db, msg, options).await?);
             }
             Ok(outcomes)
         }
@@ -161,20 +187,21 @@ pub async fn record_batch(
 async fn try_batch(
     db: &PgPool,
     msgs: &[OrderMessage],
-    lock_timeout: Duration,
+    options: WriteOptions,
 ) -> Result<Option<Vec<Recorded>>, sqlx::Error> {
     let request_ids: Vec<uuid::Uuid> = msgs.iter().map(|m| m.request_id).collect();
     let user_ids: Vec<i64> = msgs.iter().map(|m| m.user_id).collect();
     let product_ids: Vec<i64> = msgs.iter().map(|m| m.product_id).collect();
     let prices: Vec<i64> = msgs.iter().map(|m| m.price_cents).collect();
     let accepted: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.created_at).collect();
-    let mut tx = begin(db, lock_timeout).await?;
+    let mut tx = begin(db, options.lock_timeout).await?;
     // ON CONFLICT without a target skips a row that hits any unique index: a redelivered
     // purchase, a second live order of one user, or a duplicate inside this very batch.
     let inserted: Result<Vec<(i64, uuid::Uuid, i64)>, sqlx::Error> = sqlx::query_as(
-        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at) \
-         SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], \
-                              $5::timestamptz[]) \
+        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, pay_by) \
+         SELECT m.*, now() + make_interval(secs => $6::double precision) \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], \
+                     $5::timestamptz[]) AS m \
          ON CONFLICT DO NOTHING RETURNING id, request_id, product_id",
     )
     .bind(&request_ids)
@@ -182,6 +209,7 @@ async fn try_batch(
     .bind(&product_ids)
     .bind(&prices)
     .bind(&accepted)
+    .bind(options.window_secs())
     .fetch_all(&mut *tx)
     .await;
     let inserted = match inserted {
@@ -288,12 +316,101 @@ fn is_db_code(e: &sqlx::Error, code: &str) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(code))
 }
 
+/// The columns of [`Order`], for `concat!` (sqlx takes only static SQL).
+macro_rules! order_columns {
+    () => {
+        "id, request_id, user_id, product_id, price_cents, status, accepted_at, created_at, \
+         pay_by, paid_at, cancelled_at, cancel_reason"
+    };
+}
+
+/// Why a payment or a cancellation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// No such order for this user.
+    #[error("order not found")]
+    NotFound,
+    /// The order is not in a state that allows it (paid, cancelled, window passed).
+    #[error("{message}")]
+    Conflict {
+        /// snake_case code.
+        code: &'static str,
+        /// For a human.
+        message: &'static str,
+    },
+    /// Postgres failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Pays the user's order (a simulated payment: no provider is called). Paying a paid order
+/// again answers it as it is; a cancelled one, or one past its window, is refused.
+pub async fn pay(db: &PgPool, user_id: i64, order_id: i64) -> Result<Order, ChangeError> {
+    let paid = sqlx::query_as::<_, Order>(concat!(
+        "UPDATE orders SET status = 'paid', paid_at = now() \
+         WHERE id = $1 AND user_id = $2 AND status = 'created' \
+           AND (pay_by IS NULL OR pay_by > now()) RETURNING ",
+        order_columns!()
+    ))
+    .bind(order_id)
+    .bind(user_id)
+    .fetch_optional(db)
+    .await?;
+    if let Some(order) = paid {
+        metrics::counter!("orders_paid_total").increment(1);
+        return Ok(order);
+    }
+    let order = get_for_user(db, user_id, order_id)
+        .await?
+        .ok_or(ChangeError::NotFound)?;
+    match order.status.as_str() {
+        "paid" => Ok(order),
+        "cancelled" => Err(ChangeError::Conflict {
+            code: "order_cancelled",
+            message: "the order was cancelled",
+        }),
+        _ => Err(ChangeError::Conflict {
+            code: "payment_window_expired",
+            message: "the payment window has passed; the order is being cancelled",
+        }),
+    }
+}
+
+/// Cancels the user's unpaid order: its unit goes back on sale (see
+/// [`crate::compensation`]). Cancelling a cancelled order again answers it as it is; a paid
+/// one is refused.
+pub async fn cancel(db: &PgPool, user_id: i64, order_id: i64) -> Result<Order, ChangeError> {
+    let mut tx = db.begin().await?;
+    let cancelled = crate::compensation::cancel_orders(
+        &mut tx,
+        &[order_id],
+        Some(user_id),
+        crate::compensation::REASON_CANCELLED,
+    )
+    .await?;
+    tx.commit().await?;
+    if !cancelled.is_empty() {
+        metrics::counter!("orders_cancelled_total").increment(1);
+    }
+    let order = get_for_user(db, user_id, order_id)
+        .await?
+        .ok_or(ChangeError::NotFound)?;
+    match order.status.as_str() {
+        "cancelled" => Ok(order),
+        _ => Err(ChangeError::Conflict {
+            code: "order_paid",
+            message: "a paid order cannot be cancelled",
+        }),
+    }
+}
+
 /// The user's orders, newest first.
 pub async fn list_for_user(db: &PgPool, user_id: i64) -> Result<Vec<Order>, sqlx::Error> {
-    sqlx::query_as::<_, Order>(
-        "SELECT id, request_id, user_id, product_id, price_cents, status, accepted_at, created_at \
-         FROM orders WHERE user_id = $1 ORDER BY id DESC LIMIT 100",
-    )
+    sqlx::query_as::<_, Order>(concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE user_id = $1 ORDER BY id DESC LIMIT 100"
+    ))
     .bind(user_id)
     .fetch_all(db)
     .await
@@ -305,10 +422,11 @@ pub async fn get_for_user(
     user_id: i64,
     order_id: i64,
 ) -> Result<Option<Order>, sqlx::Error> {
-    sqlx::query_as::<_, Order>(
-        "SELECT id, request_id, user_id, product_id, price_cents, status, accepted_at, created_at \
-         FROM orders WHERE id = $1 AND user_id = $2",
-    )
+    sqlx::query_as::<_, Order>(concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1 AND user_id = $2"
+    ))
     .bind(order_id)
     .bind(user_id)
     .fetch_optional(db)

@@ -3,7 +3,7 @@
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use sqlx::PgPool;
 
@@ -25,6 +25,8 @@ pub struct AppState {
     pub db: PgPool,
     /// Verifies the gateway's identity headers.
     pub signer: IdentitySigner,
+    /// Publishes redriven dead letters, paced.
+    pub redriver: std::sync::Arc<crate::parking::Redriver>,
 }
 
 impl FromRef<AppState> for IdentitySigner {
@@ -38,10 +40,13 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/api/orders", get(list))
         .route("/api/orders/{order_id}", get(get_one))
+        .route("/api/orders/{order_id}/pay", post(pay))
+        .route("/api/orders/{order_id}/cancel", post(cancel))
         .route(
             "/admin/orders/breaker",
             get(breaker_status).put(set_breaker_mode),
         )
+        .merge(crate::admin::router())
         .with_state(state)
 }
 
@@ -51,6 +56,14 @@ pub enum OrderApiError {
     /// 404: no such order for this user (another user's order is "not found" too).
     #[error("order not found")]
     NotFound,
+    /// 409: the order's state refuses the change (paid, cancelled, window passed).
+    #[error("{message}")]
+    Conflict {
+        /// snake_case code.
+        code: &'static str,
+        /// For a human.
+        message: &'static str,
+    },
     /// 503: the database is unavailable.
     #[error("database unavailable: {0}")]
     Unavailable(#[from] sqlx::Error),
@@ -62,6 +75,7 @@ impl IntoResponse for OrderApiError {
             Self::NotFound => {
                 error_response(StatusCode::NOT_FOUND, "order_not_found", "no such order")
             }
+            Self::Conflict { code, message } => error_response(StatusCode::CONFLICT, code, message),
             Self::Unavailable(e) => {
                 tracing::warn!(error = %e, "answering 503");
                 let mut response = error_response(
@@ -97,6 +111,38 @@ async fn get_one(
         .await?
         .map(Json)
         .ok_or(OrderApiError::NotFound)
+}
+
+impl From<orders::ChangeError> for OrderApiError {
+    fn from(e: orders::ChangeError) -> Self {
+        match e {
+            orders::ChangeError::NotFound => Self::NotFound,
+            orders::ChangeError::Conflict { code, message } => Self::Conflict { code, message },
+            orders::ChangeError::Database(e) => Self::Unavailable(e),
+        }
+    }
+}
+
+/// `POST /api/orders/{id}/pay`: a simulated payment within the order's payment window.
+async fn pay(
+    State(state): State<AppState>,
+    identity: Identity,
+    PathId(order_id): PathId,
+) -> Result<Json<Order>, OrderApiError> {
+    Ok(Json(
+        orders::pay(&state.db, identity.user_id, order_id).await?,
+    ))
+}
+
+/// `POST /api/orders/{id}/cancel`: gives an unpaid order up; its unit goes back on sale.
+async fn cancel(
+    State(state): State<AppState>,
+    identity: Identity,
+    PathId(order_id): PathId,
+) -> Result<Json<Order>, OrderApiError> {
+    Ok(Json(
+        orders::cancel(&state.db, identity.user_id, order_id).await?,
+    ))
 }
 
 /// The breaker as an operator sees it.
@@ -151,7 +197,7 @@ pub async fn set_breaker_mode(
     .into_response()
 }
 
-fn redis_unavailable(e: &redis::RedisError) -> Response {
+pub(crate) fn redis_unavailable(e: &redis::RedisError) -> Response {
     tracing::warn!(error = %e, "answering 503");
     error_response(
         StatusCode::SERVICE_UNAVAILABLE,

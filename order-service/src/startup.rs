@@ -16,7 +16,10 @@ use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
 use crate::breaker::CircuitBreaker;
+use crate::compensation::Compensator;
 use crate::consumer::OrderConsumer;
+use crate::parking::{Redriver, TokenBucket};
+use crate::recorder::Recorder;
 use crate::retry::{RetryBudget, RetryPolicy};
 use crate::routes::{self, AppState};
 
@@ -27,6 +30,8 @@ pub struct Application {
     port: u16,
     router: axum::Router,
     consumer: OrderConsumer,
+    recorder: Recorder,
+    compensator: Compensator,
     mode_poll: Duration,
     cancel: CancellationToken,
 }
@@ -58,6 +63,7 @@ impl Application {
                 settings.backend.internal_key.expose(),
                 settings.backend.identity_max_age_ms,
             ),
+            redriver: Arc::new(redriver(&settings)),
         };
         let probes = readiness_probes(db.clone(), redis.clone(), connected.clone());
         let router = seckill_http::layers::instrument(
@@ -88,15 +94,34 @@ impl Application {
                     settings.retry_budget_min_per_sec,
                 ),
             )),
-            lock_timeout: Duration::from_millis(settings.lock_timeout_ms),
+            write: crate::orders::WriteOptions {
+                lock_timeout: Duration::from_millis(settings.lock_timeout_ms),
+                payment_window: settings.payment_window(),
+            },
             breaker,
             connected,
+        };
+        let recorder = Recorder {
+            db: consumer.db.clone(),
+            amqp_url: consumer.amqp_url.clone(),
+            topology: consumer.topology.clone(),
+            quarantine_after: settings.quarantine_after_redrives,
+            retry_delay: consumer.requeue_delay,
+        };
+        let compensator = Compensator {
+            db: consumer.db.clone(),
+            redis: consumer.redis.clone(),
+            keys: consumer.keys.clone(),
+            poll: Duration::from_millis(settings.compensation_poll_ms),
+            batch: 100,
         };
         Ok(Self {
             listener,
             port,
             router,
             consumer,
+            recorder,
+            compensator,
             mode_poll: Duration::from_millis(settings.breaker_mode_poll_ms),
             cancel: CancellationToken::new(),
         })
@@ -124,6 +149,8 @@ impl Application {
             cancel.clone(),
         ));
         let consumer = tokio::spawn(self.consumer.run(cancel.clone()));
+        let recorder = tokio::spawn(self.recorder.run(cancel.clone()));
+        let compensator = tokio::spawn(self.compensator.run(cancel.clone()));
         tracing::info!(port = self.port, "order-service listening");
         let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;
         match tokio::time::timeout(Duration::from_secs(15), consumer).await {
@@ -134,7 +161,24 @@ impl Application {
                 "consumer did not stop within 15s; unacked messages will be redelivered"
             ),
         }
+        // Both stop at their next await once cancelled; a row in flight stays uncommitted
+        // (its dead letter unacked, its compensation unclaimed) and is redone later.
+        let _ = tokio::time::timeout(Duration::from_secs(5), recorder).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), compensator).await;
         served.context("serve http")
+    }
+}
+
+/// The redrive publisher and its pace, from the settings (shared by the admin API and the CLI).
+pub fn redriver(settings: &Settings) -> Redriver {
+    Redriver {
+        amqp_url: settings.backend.amqp_url.expose().to_string(),
+        topology: Topology::new(&settings.backend.namespace)
+            .with_retry_tiers(settings.retry_tiers()),
+        pace: tokio::sync::Mutex::new(TokenBucket::new(
+            settings.redrive_per_sec,
+            settings.redrive_burst,
+        )),
     }
 }
 

@@ -81,3 +81,27 @@ where
         }
     }
 }
+
+/// `axum::extract::Query` whose rejection (an unknown or malformed parameter) is a 400
+/// `invalid_request` in the contract's shape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryParams<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for QueryParams<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                rejection.body_text(),
+            )),
+        }
+    }
+}

@@ -12,7 +12,7 @@ pub mod layers;
 pub mod ops;
 pub mod shutdown;
 
-pub use error::{ErrorBody, JsonBody, PathId, error_response};
+pub use error::{ErrorBody, JsonBody, PathId, QueryParams, error_response};
 
 /// Whether `text` is a non-empty run of ASCII letters, digits and `-_.:` — safe to carry in
 /// a header, a log field, a comma-separated list or an AMQP header without escaping.

@@ -49,6 +49,12 @@ impl RedisKeys {
         self.bucket(product_id, bucket, "outbox")
     }
 
+    /// Set of event ids whose unit was put back into this bucket (a cancelled or given-up
+    /// purchase), so each is returned once however often its compensation runs.
+    pub fn returned(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "returned")
+    }
+
     /// Hash user id → [`crate::PurchaseResult`] text, for the users homed in this bucket.
     pub fn results(&self, product_id: i64, bucket: u16) -> String {
         self.bucket(product_id, bucket, "results")
@@ -123,6 +129,7 @@ mod tests {
             keys.takers(9, 3),
             keys.outbox(9, 3),
             keys.results(9, 3),
+            keys.returned(9, 3),
         ] {
             assert!(key.starts_with("t1:{p9.b3}:"), "{key}");
         }

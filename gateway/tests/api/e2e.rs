@@ -6,7 +6,9 @@ use serde_json::Value;
 
 use seckill_testkit::eventually;
 
-use crate::helpers::{admin_token, assert_error, spawn_platform, user_token};
+use crate::helpers::{
+    Platform, admin_token, assert_error, spawn_platform, spawn_platform_with, user_token,
+};
 
 #[tokio::test]
 async fn a_purchase_through_the_gateway_becomes_an_order_the_buyer_can_see() {
@@ -150,5 +152,124 @@ async fn order_service_admin_routes_are_reachable_by_admins_only() {
     assert_eq!(body["mode"], "auto");
     let response = platform.get("/admin/orders/breaker", &user_token(7)).await;
     assert_error(response, 403, "forbidden").await;
+    let response = platform
+        .get("/admin/orders/dead-letters", &admin_token())
+        .await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body, serde_json::json!([]));
+    let response = platform
+        .get("/admin/orders/dead-letters", &user_token(7))
+        .await;
+    assert_error(response, 403, "forbidden").await;
+    platform.shutdown().await;
+}
+
+/// Polls the buyer's result until it is no longer `queued`.
+async fn settled(platform: &Platform, product: i64, token: &str) -> Value {
+    eventually("result settled", Duration::from_secs(30), || async {
+        let body: Value = platform
+            .get(&format!("/api/seckill/{product}/result"), token)
+            .await
+            .json()
+            .await
+            .ok()?;
+        (body["status"] != "queued").then_some(body)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_unpaid_order_expires_and_its_unit_is_sold_to_another_buyer() {
+    let platform = spawn_platform_with(|s| {
+        s.payment_window_secs = 2;
+        s.compensation_poll_ms = 100;
+    })
+    .await;
+    let product = platform.create_product(1, -60).await;
+    let (first, second) = (user_token(31), user_token(32));
+
+    assert_eq!(platform.buy(product, &first).await.status(), 202);
+    let result = settled(&platform, product, &first).await;
+    assert_eq!(result["status"], "success");
+    let order_id = result["order_id"].as_i64().expect("order id");
+    assert_error(platform.buy(product, &second).await, 410, "sold_out").await;
+
+    // Unpaid past the window: cancelled, and the first buyer's result says why.
+    let order: Value = eventually("the order expires", Duration::from_secs(15), || async {
+        let order: Value = platform
+            .get(&format!("/api/orders/{order_id}"), &first)
+            .await
+            .json()
+            .await
+            .ok()?;
+        (order["status"] == "cancelled").then_some(order)
+    })
+    .await;
+    assert_eq!(order["cancel_reason"], "payment_expired");
+    let result = settled(&platform, product, &first).await;
+    assert_eq!(result["status"], "failed");
+    assert_eq!(result["reason"], "payment_expired");
+    assert_error(
+        platform
+            .post(&format!("/api/orders/{order_id}/pay"), &first)
+            .await,
+        409,
+        "order_cancelled",
+    )
+    .await;
+
+    // The unit is on sale again: the second buyer gets it (once the in-memory sold-out
+    // flag, which lives half a second, has gone).
+    eventually(
+        "the unit is on sale again",
+        Duration::from_secs(10),
+        || async { (platform.buy(product, &second).await.status() == 202).then_some(()) },
+    )
+    .await;
+    let result = settled(&platform, product, &second).await;
+    assert_eq!(result["status"], "success");
+    let paid = platform
+        .post(&format!("/api/orders/{}/pay", result["order_id"]), &second)
+        .await;
+    assert_eq!(paid.status(), 200);
+    // And nobody else: one unit, one live order.
+    assert_error(
+        platform.buy(product, &user_token(33)).await,
+        410,
+        "sold_out",
+    )
+    .await;
+    platform.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_order_frees_its_buyer_to_buy_again() {
+    let platform = spawn_platform().await;
+    let product = platform.create_product(1, -60).await;
+    let buyer = user_token(41);
+    assert_eq!(platform.buy(product, &buyer).await.status(), 202);
+    let result = settled(&platform, product, &buyer).await;
+    let order_id = result["order_id"].as_i64().expect("order id");
+    let cancelled = platform
+        .post(&format!("/api/orders/{order_id}/cancel"), &buyer)
+        .await;
+    assert_eq!(cancelled.status(), 200);
+    // The unit goes back through the compensation outbox, a moment after the answer.
+    eventually(
+        "the result shows the cancellation",
+        Duration::from_secs(10),
+        || async {
+            (settled(&platform, product, &buyer).await["reason"] == "cancelled").then_some(())
+        },
+    )
+    .await;
+    eventually("buying again", Duration::from_secs(10), || async {
+        (platform.buy(product, &buyer).await.status() == 202).then_some(())
+    })
+    .await;
+    let result = settled(&platform, product, &buyer).await;
+    assert_eq!(result["status"], "success");
+    assert_ne!(result["order_id"], order_id);
     platform.shutdown().await;
 }

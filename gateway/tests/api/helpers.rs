@@ -29,6 +29,11 @@ pub fn admin_token() -> String {
 }
 
 pub async fn spawn_platform() -> Platform {
+    spawn_platform_with(|_| {}).await
+}
+
+/// The platform with order-service's settings adjusted by `configure`.
+pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Settings)) -> Platform {
     let ns = TestNamespace::new();
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
@@ -44,13 +49,15 @@ pub async fn spawn_platform() -> Platform {
     stops.push(api.shutdown_token());
     tasks.push(tokio::spawn(api.run_until_stopped()));
 
-    let orders = order_service::Application::build(order_service::Settings {
+    let mut order_settings = order_service::Settings {
         backend: ns.backend_settings(),
         port: 0,
         ..order_service::Settings::default()
-    })
-    .await
-    .expect("build order-service");
+    };
+    configure(&mut order_settings);
+    let orders = order_service::Application::build(order_settings)
+        .await
+        .expect("build order-service");
     let order_service = format!("http://127.0.0.1:{}", orders.port());
     stops.push(orders.shutdown_token());
     tasks.push(tokio::spawn(orders.run_until_stopped()));
@@ -120,6 +127,15 @@ impl Platform {
             .send()
             .await
             .expect("get")
+    }
+
+    pub async fn post(&self, path: &str, token: &str) -> Response {
+        self.client
+            .post(format!("{}{path}", self.gateway))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("post")
     }
 
     pub async fn shutdown(self) {

@@ -64,8 +64,7 @@ async fn duplicate_deliveries_of_one_purchase_create_exactly_one_order() {
         9,
         "stock decremented once"
     );
-    let dlq = app.ns.topology().dead_letter_queue;
-    assert_eq!(app.ns.queue_depth(&app.channel, &dlq).await, 0);
+    assert_eq!(app.dead_letters().await, 0);
     app.shutdown().await;
 }
 
@@ -86,11 +85,13 @@ async fn an_unparseable_message_is_dead_lettered_without_an_order() {
     let app = spawn_app().await;
     let product = app.product(10).await;
     app.publish_raw(b"{\"not\": \"an order\"", "garbage").await;
-    let dlq = app.ns.topology().dead_letter_queue;
-    eventually("dead-lettered", Duration::from_secs(20), || async {
-        (app.ns.queue_depth(&app.channel, &dlq).await == 1).then_some(())
-    })
-    .await;
+    let parked = app.wait_parked(1).await;
+    assert_eq!(
+        parked[0].0, "garbage",
+        "the message id names a body that did not parse"
+    );
+    assert_eq!(parked[0].1, "unparseable");
+    assert_eq!(parked[0].2, "pending");
     assert_eq!(app.order_count(product).await, 0);
     app.shutdown().await;
 }
@@ -98,12 +99,11 @@ async fn an_unparseable_message_is_dead_lettered_without_an_order() {
 #[tokio::test]
 async fn a_purchase_of_an_unknown_product_is_dead_lettered_and_reported_failed() {
     let app = spawn_app().await;
-    app.publish(&app.message(987_654, 5)).await;
-    let dlq = app.ns.topology().dead_letter_queue;
-    eventually("dead-lettered", Duration::from_secs(20), || async {
-        (app.ns.queue_depth(&app.channel, &dlq).await == 1).then_some(())
-    })
-    .await;
+    let msg = app.message(987_654, 5);
+    app.publish(&msg).await;
+    let parked = app.wait_parked(1).await;
+    assert_eq!(parked[0].0, msg.request_id.to_string());
+    assert_eq!(parked[0].1, "unknown_product");
     assert_eq!(
         app.stored_result(987_654, 5).await.as_deref(),
         Some("failed:unknown_product")
@@ -118,11 +118,8 @@ async fn the_database_refuses_to_oversell_even_if_more_purchases_arrive_than_sto
     for user in 1..=5 {
         app.publish(&app.message(product, user)).await;
     }
-    let dlq = app.ns.topology().dead_letter_queue;
-    eventually("two dead-lettered", Duration::from_secs(20), || async {
-        (app.ns.queue_depth(&app.channel, &dlq).await == 2).then_some(())
-    })
-    .await;
+    let parked = app.wait_parked(2).await;
+    assert!(parked.iter().all(|p| p.1 == "out_of_stock"), "{parked:?}");
     app.stop_when_drained().await;
     assert_eq!(app.order_count(product).await, 3);
     assert_eq!(app.stock_remaining(product).await, 0);

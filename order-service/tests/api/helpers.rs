@@ -148,6 +148,34 @@ impl TestApp {
             .expect("request")
     }
 
+    /// Dead letters anywhere: still in the dead-letter queue, or already parked in Postgres.
+    pub async fn dead_letters(&self) -> i64 {
+        let dlq = self.ns.topology().dead_letter_queue;
+        let depth = i64::from(self.ns.queue_depth(&self.channel, &dlq).await);
+        depth + self.parked().await.len() as i64
+    }
+
+    /// The parking lot: (event id, error code, status, attempts), oldest first.
+    pub async fn parked(&self) -> Vec<(String, String, String, i32)> {
+        sqlx::query_as(
+            "SELECT event_id, error_code, status, attempts FROM dead_letters \
+             ORDER BY first_seen, event_id",
+        )
+        .fetch_all(&self.db)
+        .await
+        .expect("parked")
+    }
+
+    /// Waits until exactly `count` entries are parked, and returns them.
+    pub async fn wait_parked(&self, count: usize) -> Vec<(String, String, String, i32)> {
+        let wait = std::time::Duration::from_secs(20);
+        seckill_testkit::eventually("dead letters parked", wait, || async {
+            let parked = self.parked().await;
+            (parked.len() == count).then_some(parked)
+        })
+        .await
+    }
+
     pub async fn order_count(&self, product_id: i64) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM orders WHERE product_id = $1")
             .bind(product_id)

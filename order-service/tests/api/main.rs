@@ -5,4 +5,6 @@ mod breaker;
 mod consume;
 mod helpers;
 mod outage;
+mod parking;
+mod payment;
 mod retries;

@@ -124,6 +124,6 @@ async fn a_database_outage_opens_the_breaker_pauses_the_consumer_and_loses_nothi
     .expect("count");
     assert_eq!((orders, distinct), (500, 500));
     assert_eq!(app.stock_remaining(product).await, 1_500);
-    assert_eq!(app.ns.queue_depth(&app.channel, &dlq).await, 0);
+    assert_eq!(app.dead_letters().await, 0);
     app.shutdown().await;
 }

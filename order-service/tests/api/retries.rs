@@ -2,10 +2,6 @@
 
 use std::time::Duration;
 
-use lapin::options::BasicGetOptions;
-use lapin::types::AMQPValue;
-
-use seckill_messaging::{HEADER_ATTEMPT, HEADER_ERROR_CODE};
 use seckill_testkit::{TestNamespace, eventually};
 
 use crate::helpers::spawn_app_with;
@@ -39,28 +35,21 @@ async fn a_message_stuck_behind_a_lock_is_retried_and_then_dead_lettered_with_it
     app.publish(&msg).await;
 
     // Three lock timeouts later (first delivery + two tiers) it is a dead letter.
-    let dlq = app.ns.topology().dead_letter_queue;
-    let dead = eventually("dead letter", Duration::from_secs(20), || async {
-        app.channel
-            .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic_get")
-    })
-    .await;
+    // Parked with its reason and its three deliveries.
+    let parked = app.wait_parked(1).await;
     drop(lock);
-    let headers = dead.delivery.properties.headers().clone().expect("headers");
-    let code = headers
-        .inner()
-        .get(HEADER_ERROR_CODE)
-        .and_then(|v| v.as_long_string());
-    assert_eq!(
-        code.map(|c| c.to_string()).as_deref(),
-        Some("retries_exhausted")
-    );
-    assert!(matches!(
-        headers.inner().get(HEADER_ATTEMPT),
-        Some(AMQPValue::LongInt(2))
-    ));
+    let (event_id, code, status, attempts) = &parked[0];
+    assert_eq!(event_id, &msg.request_id.to_string());
+    assert_eq!(code, "retries_exhausted");
+    assert_eq!(status, "pending");
+    assert_eq!(*attempts, 3);
+    let last_error: String =
+        sqlx::query_scalar("SELECT last_error FROM dead_letters WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("last error");
+    assert!(last_error.contains("lock"), "{last_error}");
     app.stop_when_drained().await;
     assert_eq!(app.order_count(product).await, 0);
     app.shutdown().await;
@@ -92,7 +81,6 @@ async fn a_lock_released_within_the_retries_ends_in_exactly_one_order() {
     app.stop_when_drained().await;
     assert_eq!(app.order_count(product).await, 1);
     assert_eq!(app.stock_remaining(product).await, 4);
-    let dlq = app.ns.topology().dead_letter_queue;
-    assert_eq!(app.ns.queue_depth(&app.channel, &dlq).await, 0);
+    assert_eq!(app.dead_letters().await, 0);
     app.shutdown().await;
 }

@@ -1,0 +1,239 @@
+//! Giving purchases up: the payment window, cancellations, and putting units back on sale.
+//!
+//! Whatever gives a purchase up changes Postgres first, in one transaction: the order (if
+//! any) becomes `cancelled`, the product's DB stock goes up again, and a row is added to
+//! the `compensations` outbox. The [`Compensator`] then relays each row to Redis
+//! (`compensate.lua`: the unit goes back into the buyer's home bucket, the buyer's marker is
+//! cleared, their result becomes `failed:<reason>`), once per event id however often it
+//! runs, and marks it done. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number
+//! of replicas relay without doing one twice at the same time, and a failed one waits out
+//! an exponential backoff. Nothing waits on Redis inside the request or the sweep that
+//! decided it, and nothing is lost if Redis is down: the row waits.
+//!
+//! The payment window needs no timer message: the sweep derives what expired from committed
+//! rows (`pay_by < now()`), so a crash or a restart cannot lose a deadline.
+
+use std::time::Duration;
+
+use redis::Script;
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use seckill_store::{Redis, RedisKeys, home_bucket};
+
+/// The reason a cancelled order's buyer sees.
+pub const REASON_CANCELLED: &str = "cancelled";
+/// The reason an unpaid order's buyer sees.
+pub const REASON_PAYMENT_EXPIRED: &str = "payment_expired";
+
+/// Cancels the `created` orders among `order_ids` (all of them, or those of `user_id`):
+/// each becomes `cancelled` with `reason`, its product's DB stock goes up, and its unit is
+/// queued for Redis. Returns the ids cancelled. Runs in the caller's transaction.
+pub async fn cancel_orders(
+    conn: &mut PgConnection,
+    order_ids: &[i64],
+    user_id: Option<i64>,
+    reason: &str,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH given_up AS ( \
+             UPDATE orders SET status = 'cancelled', cancelled_at = now(), cancel_reason = $3 \
+             WHERE id = ANY($1) AND status = 'created' AND ($2::bigint IS NULL OR user_id = $2) \
+             RETURNING id, request_id, user_id, product_id \
+         ), restocked AS ( \
+             UPDATE products p SET stock_remaining = p.stock_remaining + g.units \
+             FROM (SELECT product_id, count(*)::int AS units FROM given_up GROUP BY product_id) g \
+             WHERE p.id = g.product_id \
+         ), queued AS ( \
+             INSERT INTO compensations (event_id, user_id, product_id, reason) \
+             SELECT request_id::text, user_id, product_id, $3 FROM given_up \
+             ON CONFLICT (event_id) DO NOTHING \
+         ) \
+         SELECT id FROM given_up",
+    )
+    .bind(order_ids)
+    .bind(user_id)
+    .bind(reason)
+    .fetch_all(conn)
+    .await
+}
+
+/// Cancels up to `limit` orders whose payment window has passed; returns how many.
+pub async fn expire_unpaid(db: &PgPool, limit: i64) -> Result<usize, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let due: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM orders WHERE status = 'created' AND pay_by <= now() \
+         ORDER BY pay_by LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let cancelled = cancel_orders(&mut tx, &due, None, REASON_PAYMENT_EXPIRED).await?;
+    tx.commit().await?;
+    metrics::counter!("orders_payment_expired_total").increment(cancelled.len() as u64);
+    tracing::info!(
+        count = cancelled.len(),
+        "unpaid orders cancelled after the payment window"
+    );
+    Ok(cancelled.len())
+}
+
+/// Relays the compensation outbox to Redis and runs the payment-window sweep.
+#[derive(Debug, Clone)]
+pub struct Compensator {
+    /// Orders and the outbox.
+    pub db: PgPool,
+    /// Stock buckets.
+    pub redis: Redis,
+    /// Key names.
+    pub keys: RedisKeys,
+    /// How often to look for due work when there was none.
+    pub poll: Duration,
+    /// Rows claimed per round.
+    pub batch: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Due {
+    event_id: String,
+    user_id: i64,
+    product_id: i64,
+    reason: String,
+    attempts: i32,
+    buckets: Option<i16>,
+}
+
+impl Compensator {
+    /// Runs until `cancel`: sweep expired orders, relay due compensations, sleep when idle.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut failures = 0u32;
+        while !cancel.is_cancelled() {
+            let worked = async {
+                let expired = expire_unpaid(&self.db, self.batch).await?;
+                let relayed = self.relay_due().await?;
+                anyhow::Ok(expired + relayed)
+            }
+            .await;
+            let pause = match worked {
+                Ok(0) => {
+                    failures = 0;
+                    self.poll
+                }
+                Ok(_) => {
+                    failures = 0;
+                    Duration::ZERO
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = format!("{e:#}"), "compensation round failed");
+                    (self.poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30))
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// Relays the due compensations it can claim; returns how many it finished.
+    pub async fn relay_due(&self) -> anyhow::Result<usize> {
+        let mut tx = self.db.begin().await?;
+        let due: Vec<Due> = sqlx::query_as(
+            "SELECT c.event_id, c.user_id, c.product_id, c.reason, c.attempts, \
+                    p.stock_buckets AS buckets \
+             FROM compensations c LEFT JOIN products p ON p.id = c.product_id \
+             WHERE c.done_at IS NULL AND c.due_at <= now() \
+             ORDER BY c.due_at LIMIT $1 FOR UPDATE OF c SKIP LOCKED",
+        )
+        .bind(self.batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut done = 0;
+        for row in &due {
+            match self.put_back(row).await {
+                Ok(outcome) => {
+                    sqlx::query("UPDATE compensations SET done_at = now() WHERE event_id = $1")
+                        .bind(&row.event_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    metrics::counter!("orders_compensated_total", "reason" => row.reason.clone())
+                        .increment(1);
+                    tracing::info!(event_id = %row.event_id, product_id = row.product_id,
+                        user_id = row.user_id, reason = %row.reason, outcome, "unit back on sale");
+                    done += 1;
+                }
+                Err(e) => {
+                    let backoff_ms = (500i64 << row.attempts.clamp(0, 7)).min(60_000);
+                    tracing::warn!(event_id = %row.event_id, error = %e, backoff_ms,
+                        "compensation failed, will retry");
+                    sqlx::query(
+                        "UPDATE compensations SET attempts = attempts + 1, \
+                         due_at = now() + make_interval(secs => $2::double precision / 1000) \
+                         WHERE event_id = $1",
+                    )
+                    .bind(&row.event_id)
+                    .bind(backoff_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    /// The Redis side of one compensation; see `compensate.lua`. Returns its outcome.
+    async fn put_back(&self, row: &Due) -> Result<&'static str, redis::RedisError> {
+        let buckets = row.buckets.and_then(|b| u16::try_from(b).ok()).unwrap_or(1);
+        let home = home_bucket(row.user_id, buckets);
+        let id = row.product_id;
+        let mut conn = self.redis.get().await?;
+        let outcome: i64 = compensate_script()
+            .key(self.keys.stock(id, home))
+            .key(self.keys.buyers(id, home))
+            .key(self.keys.results(id, home))
+            .key(self.keys.returned(id, home))
+            .arg(row.user_id)
+            .arg(&row.event_id)
+            .arg(format!("failed:{}", row.reason))
+            .invoke_async(&mut conn)
+            .await?;
+        // Units are on sale again: a sweep that started before must not raise the sold-out
+        // flag over them (see seckill-api's sold_out.lua), and a raised flag comes down.
+        // Done even when the script found the event already compensated, in case an
+        // earlier run died between the two steps.
+        let _: i64 = reopen_script()
+            .key(self.keys.product_state(id))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match outcome {
+            1 => "returned",
+            2 => "bucket_not_loaded",
+            _ => "already_returned",
+        })
+    }
+}
+
+fn compensate_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("compensate.lua")))
+}
+
+/// Bumps the product's generation and lowers its sold-out flag; a state hash that did not
+/// exist gets a day's lifetime (seckill-api sets its own when it raises the flag).
+fn reopen_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        Script::new(
+            "local existed = redis.call('EXISTS', KEYS[1]) \
+             redis.call('HINCRBY', KEYS[1], 'gen', 1) \
+             redis.call('HDEL', KEYS[1], 'sold_out') \
+             if existed == 0 then redis.call('PEXPIRE', KEYS[1], 86400000) end \
+             return 1",
+        )
+    })
+}

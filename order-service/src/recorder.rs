@@ -1,0 +1,119 @@
+//! The parking-lot recorder: drains the dead-letter queue into Postgres (`dead_letters`),
+//! where an operator can list, redrive or ignore each entry ([`crate::parking`]).
+//!
+//! A dead letter is acked only after its row committed, so a crash or a database outage
+//! leaves it in the queue; recording is idempotent per event id, so a redelivery is one row.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use seckill_messaging::Topology;
+
+use crate::parking::{self, Arrival};
+
+/// Consumes the dead-letter queue.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    /// Where entries are written.
+    pub db: PgPool,
+    /// Broker.
+    pub amqp_url: String,
+    /// Queue names.
+    pub topology: Topology,
+    /// Redrives after which an entry that fails again is quarantined.
+    pub quarantine_after: i32,
+    /// Wait before handing a dead letter back after a failed write.
+    pub retry_delay: Duration,
+}
+
+impl Recorder {
+    /// Runs until `cancel`, reconnecting with backoff.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut backoff = Duration::from_millis(200);
+        while !cancel.is_cancelled() {
+            match self.consume(&cancel).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        ?backoff,
+                        "dead-letter recorder interrupted"
+                    );
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    async fn consume(&self, cancel: &CancellationToken) -> anyhow::Result<()> {
+        let connection =
+            seckill_messaging::connect(&self.amqp_url, "order-service-dlq", Duration::ZERO).await?;
+        let channel = connection.create_channel().await?;
+        self.topology
+            .declare(&channel)
+            .await
+            .context("declare topology")?;
+        channel
+            .basic_qos(32, BasicQosOptions::default())
+            .await
+            .context("set prefetch")?;
+        let mut deliveries = channel
+            .basic_consume(
+                self.topology.dead_letter_queue.as_str().into(),
+                "order-service-recorder".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .context("consume the dead-letter queue")?;
+        let ended = loop {
+            let delivery = tokio::select! {
+                _ = cancel.cancelled() => break Ok(()),
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => delivery,
+                    Some(Err(e)) => break Err(anyhow::Error::from(e).context("dead-letter stream")),
+                    None => break Err(anyhow::anyhow!("dead-letter stream ended")),
+                },
+            };
+            let arrival = Arrival::from_message(&delivery.data, &delivery.properties);
+            match parking::record(&self.db, &arrival, self.quarantine_after).await {
+                Ok(status) => {
+                    metrics::counter!("orders_parked_total", "reason" => arrival.error_code.clone())
+                        .increment(1);
+                    if status == "quarantined" {
+                        tracing::error!(event_id = %arrival.event_id, error_code = %arrival.error_code,
+                            "dead letter failed again after its last allowed redrive: quarantined");
+                    } else {
+                        tracing::warn!(event_id = %arrival.event_id, error_code = %arrival.error_code,
+                            status, "dead letter parked");
+                    }
+                    if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                        tracing::warn!(error = %e, "could not ack a parked dead letter");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not park a dead letter, handing it back");
+                    tokio::time::sleep(self.retry_delay).await;
+                    let _ = delivery
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            multiple: false,
+                        })
+                        .await;
+                }
+            }
+        };
+        let _ = connection.close(200, "order-service stopping".into()).await;
+        ended
+    }
+}
