@@ -1,13 +1,14 @@
-//! Operator routes of the parking lot (`/admin/orders/dead-letters…`, role `admin`, reached
-//! through the gateway). Each action takes a [`Selection`] body; `"dry_run": true` reports
-//! what it would do. The operator recorded in the audit trail is `admin:<user id>`.
+//! Operator routes of the parking lot (`/admin/dlq…`, role `admin`, reached through the
+//! gateway). Each action takes a [`Selection`] body; `"dry_run": true` reports what it would
+//! do. The operator recorded in the audit trail is `admin:<user id>`.
 //!
 //! ```text
-//! GET  /admin/orders/dead-letters?status=&product_id=&from=&to=&limit=
-//! POST /admin/orders/dead-letters/redrive   {"ids": […]} | {"product_id": 7} | {"from": …, "to": …}
-//! POST /admin/orders/dead-letters/ignore    (same selection)
-//! POST /admin/orders/dead-letters/clear     (same selection; quarantined entries)
-//! GET  /admin/orders/dead-letters/audit?limit=
+//! GET  /admin/dlq?status=&product_id=&from=&to=&limit=
+//! POST /admin/dlq/redrive          {"ids": […]} | {"product_id": 7} | {"from": …, "to": …}
+//! POST /admin/dlq/{id}/ignore      (?dry_run=true)
+//! POST /admin/dlq/ignore           (a selection)
+//! POST /admin/dlq/clear            (a selection; quarantined entries)
+//! GET  /admin/dlq/audit?limit=
 //! ```
 
 use axum::extract::State;
@@ -26,11 +27,12 @@ use crate::routes::AppState;
 /// The parking-lot routes.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/admin/orders/dead-letters", get(list))
-        .route("/admin/orders/dead-letters/redrive", post(redrive))
-        .route("/admin/orders/dead-letters/ignore", post(ignore))
-        .route("/admin/orders/dead-letters/clear", post(clear))
-        .route("/admin/orders/dead-letters/audit", get(audit))
+        .route("/admin/dlq", get(list))
+        .route("/admin/dlq/redrive", post(redrive))
+        .route("/admin/dlq/ignore", post(ignore))
+        .route("/admin/dlq/clear", post(clear))
+        .route("/admin/dlq/audit", get(audit))
+        .route("/admin/dlq/{event_id}/ignore", post(ignore_one))
 }
 
 /// Filters of the listing.
@@ -106,6 +108,27 @@ async fn clear(
     JsonBody(selection): JsonBody<Selection>,
 ) -> Response {
     answer(parking::clear(&state.db, &selection, &operator(&admin)).await)
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DryRun {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+async fn ignore_one(
+    State(state): State<AppState>,
+    admin: AdminIdentity,
+    axum::extract::Path(event_id): axum::extract::Path<String>,
+    QueryParams(query): QueryParams<DryRun>,
+) -> Response {
+    let selection = Selection {
+        ids: vec![event_id],
+        dry_run: query.dry_run,
+        ..Selection::default()
+    };
+    answer(parking::ignore(&state.db, &selection, &operator(&admin)).await)
 }
 
 fn operator(admin: &AdminIdentity) -> String {

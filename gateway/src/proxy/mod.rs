@@ -79,7 +79,7 @@ fn route(path: &str) -> Option<(Service, bool)> {
         Some((Service::SeckillApi, true))
     } else if under("/api/orders") {
         Some((Service::OrderService, false))
-    } else if under("/admin/orders") {
+    } else if under("/admin/orders") || under("/admin/dlq") {
         Some((Service::OrderService, true))
     } else {
         None

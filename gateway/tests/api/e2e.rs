@@ -152,15 +152,11 @@ async fn order_service_admin_routes_are_reachable_by_admins_only() {
     assert_eq!(body["mode"], "auto");
     let response = platform.get("/admin/orders/breaker", &user_token(7)).await;
     assert_error(response, 403, "forbidden").await;
-    let response = platform
-        .get("/admin/orders/dead-letters", &admin_token())
-        .await;
+    let response = platform.get("/admin/dlq", &admin_token()).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.expect("json");
     assert_eq!(body, serde_json::json!([]));
-    let response = platform
-        .get("/admin/orders/dead-letters", &user_token(7))
-        .await;
+    let response = platform.get("/admin/dlq", &user_token(7)).await;
     assert_error(response, 403, "forbidden").await;
     platform.shutdown().await;
 }

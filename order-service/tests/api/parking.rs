@@ -15,7 +15,7 @@ const ADMIN: i64 = 900;
 
 async fn admin_post(app: &TestApp, path: &str, body: Value) -> reqwest::Response {
     reqwest::Client::new()
-        .post(format!("{}/admin/orders/dead-letters/{path}", app.address))
+        .post(format!("{}/admin/dlq/{path}", app.address))
         .headers(identity_headers(ADMIN, &["admin"]))
         .json(&body)
         .send()
@@ -78,7 +78,7 @@ async fn poison_messages_are_parked_and_after_the_fix_a_redrive_makes_each_one_o
 
     // Operators only, and never "everything" by accident.
     let as_user = reqwest::Client::new()
-        .post(format!("{}/admin/orders/dead-letters/redrive", app.address))
+        .post(format!("{}/admin/dlq/redrive", app.address))
         .headers(identity_headers(5, &[]))
         .json(&json!({ "product_id": missing }))
         .send()
@@ -355,7 +355,7 @@ async fn ignoring_a_dead_letter_puts_its_unit_back_on_sale_exactly_once() {
         "a dry run returns nothing"
     );
 
-    let ignored = report(&app, "ignore", json!({ "ids": [parked[0].0] })).await;
+    let ignored = report(&app, &format!("{}/ignore", parked[0].0), json!({})).await;
     assert_eq!(ids(&ignored), [second.request_id.to_string()]);
     assert_eq!(ignored["compensated"], 1);
     let view = eventually("the unit is back", Duration::from_secs(10), || async {
