@@ -143,12 +143,18 @@ async fn drain_rate(opts: &Options) -> f64 {
     let started = Instant::now();
     let task = tokio::spawn(app.run_until_stopped());
     let target = opts.messages as i64;
+    // The product's stock is decremented in each batch's own transaction, so it reaches 0
+    // exactly when every order is committed: a primary-key read per poll, where counting
+    // the orders table every 20 ms would take CPU from the system being measured.
     loop {
-        let written: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-            .fetch_one(&db)
-            .await
-            .expect("count");
-        if written >= target {
+        let remaining: i32 =
+            sqlx::query_scalar("SELECT stock_remaining FROM products WHERE id = $1")
+                .bind(product)
+                .fetch_one(&db)
+                .await
+                .expect("stock");
+        let written = target - i64::from(remaining);
+        if remaining == 0 {
             break;
         }
         assert!(
@@ -158,6 +164,12 @@ async fn drain_rate(opts: &Options) -> f64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let rate = target as f64 / started.elapsed().as_secs_f64();
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE product_id = $1")
+        .bind(product)
+        .fetch_one(&db)
+        .await
+        .expect("count");
+    assert_eq!(orders, target, "every message is exactly one order");
     stop.cancel();
     let _ = task.await;
     let _ = connection.close(200, "bench done".into()).await;

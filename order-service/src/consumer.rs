@@ -22,8 +22,7 @@ use anyhow::Context;
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    BasicRejectOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
 };
 use lapin::types::FieldTable;
 use sqlx::PgPool;
@@ -39,6 +38,7 @@ use seckill_messaging::{
 };
 use seckill_store::{PurchaseResult, RedisKeys};
 
+use crate::ack_window::AckWindow;
 use crate::orders::{self, Recorded};
 use crate::retry::{Next, RetryPolicy};
 
@@ -128,6 +128,10 @@ impl OrderConsumer {
             .await
             .context("enable publisher confirms")?;
         self.connected.store(true, Ordering::Relaxed);
+        let out = Out {
+            publisher: publisher.clone(),
+            acks: Arc::new(AckWindow::new(channel.clone())),
+        };
 
         let mut in_flight = JoinSet::new();
         let mut changes = self.breaker.subscribe();
@@ -163,7 +167,7 @@ impl OrderConsumer {
                 break Err(anyhow::Error::from(e).context("set prefetch"));
             }
             match self
-                .consume_until_paused(&channel, &publisher, &mut in_flight, &mut changes, cancel)
+                .consume_until_paused(&channel, &out, &mut in_flight, &mut changes, cancel)
                 .await
             {
                 Ok(Run::Paused | Run::Restart) => continue,
@@ -186,7 +190,7 @@ impl OrderConsumer {
     async fn consume_until_paused(
         &self,
         channel: &Channel,
-        publisher: &Channel,
+        out: &Out,
         in_flight: &mut JoinSet<()>,
         changes: &mut tokio::sync::watch::Receiver<crate::breaker::State>,
         cancel: &CancellationToken,
@@ -222,13 +226,14 @@ impl OrderConsumer {
                 }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
+                        out.acks.delivered(delivery.delivery_tag).await;
                         if batch.is_empty() {
                             flush_at = tokio::time::Instant::now() + self.batch_linger;
                         }
                         batch.push(delivery);
                         if batch.len() >= self.batch_size {
                             let full = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
-                            in_flight.spawn(self.clone().settle_even_on_panic(full, publisher.clone()));
+                            in_flight.spawn(self.clone().settle_even_on_panic(full, out.clone()));
                             flush_at = idle();
                         }
                     }
@@ -237,7 +242,7 @@ impl OrderConsumer {
                 },
                 _ = tokio::time::sleep_until(flush_at), if !batch.is_empty() => {
                     let due = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
-                    in_flight.spawn(self.clone().settle_even_on_panic(due, publisher.clone()));
+                    in_flight.spawn(self.clone().settle_even_on_panic(due, out.clone()));
                     flush_at = idle();
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -254,6 +259,7 @@ impl OrderConsumer {
                 .await;
             let buffered = async {
                 while let Some(Ok(delivery)) = deliveries.next().await {
+                    out.acks.delivered(delivery.delivery_tag).await;
                     batch.push(delivery);
                 }
             };
@@ -272,10 +278,11 @@ impl OrderConsumer {
                 };
                 for delivery in batch {
                     let _ = delivery.nack(requeue).await;
+                    out.acks.settled_elsewhere(delivery.delivery_tag).await;
                 }
             }
             _ if !batch.is_empty() => {
-                in_flight.spawn(self.clone().settle_even_on_panic(batch, publisher.clone()));
+                in_flight.spawn(self.clone().settle_even_on_panic(batch, out.clone()));
             }
             _ => {}
         }
@@ -285,15 +292,24 @@ impl OrderConsumer {
     /// Handles one batch; if that panics (a bug), dead-letters what it had not settled
     /// rather than leaving it unacked — lapin does not settle a dropped delivery, so it would
     /// hold a prefetch slot until the channel closes and then be redelivered into the same
-    /// panic. (An acker already used refuses a second settlement, so settled ones are safe.)
-    async fn settle_even_on_panic(self, batch: Vec<Delivery>, publisher: Channel) {
-        let ackers: Vec<_> = batch.iter().map(|d| d.acker.clone()).collect();
-        let handled = AssertUnwindSafe(self.handle_batch(batch, &publisher))
+    /// panic. Only deliveries still in hand are rejected: one the batch already finished may
+    /// be awaiting its (coalesced) ack, and its order is written.
+    async fn settle_even_on_panic(self, batch: Vec<Delivery>, out: Out) {
+        let ackers: Vec<_> = batch
+            .iter()
+            .map(|d| (d.delivery_tag, d.acker.clone()))
+            .collect();
+        let handled = AssertUnwindSafe(self.handle_batch(batch, &out))
             .catch_unwind()
             .await;
         if handled.is_err() {
             tracing::error!("order handler panicked, dead-lettering its batch");
-            for acker in ackers {
+            let tags: Vec<u64> = ackers.iter().map(|(tag, _)| *tag).collect();
+            let unsettled = out.acks.still_in_hand(&tags).await;
+            for (tag, acker) in ackers {
+                if !unsettled.contains(&tag) {
+                    continue;
+                }
                 if acker
                     .reject(BasicRejectOptions { requeue: false })
                     .await
@@ -302,16 +318,17 @@ impl OrderConsumer {
                     metrics::counter!("orders_dead_lettered_total", "reason" => "panic")
                         .increment(1);
                 }
+                out.acks.settled_elsewhere(tag).await;
             }
         }
     }
 
     /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
-    async fn handle_batch(&self, batch: Vec<Delivery>, publisher: &Channel) {
+    async fn handle_batch(&self, batch: Vec<Delivery>, out: &Out) {
         let Some(permit) = self.breaker.try_acquire() else {
             // The breaker is refusing calls (the consumer is pausing, or half-open has all
             // the trial calls it allows): hand the batch back, no attempt counted.
-            let requeues = batch.iter().map(|delivery| self.requeue(delivery));
+            let requeues = batch.iter().map(|delivery| self.requeue(out, delivery));
             futures_util::future::join_all(requeues).await;
             return;
         };
@@ -326,7 +343,7 @@ impl OrderConsumer {
                     let span = delivery_span(&delivery);
                     let _entered = span.enter();
                     tracing::error!(error = %e, "unparseable order message, dead-lettering");
-                    self.dead_letter(publisher, &delivery, "unparseable", &e.to_string())
+                    self.dead_letter(out, &delivery, "unparseable", &e.to_string())
                         .await;
                 }
             }
@@ -348,9 +365,7 @@ impl OrderConsumer {
                 let settles = parsed
                     .into_iter()
                     .zip(outcomes)
-                    .map(|((delivery, msg), outcome)| {
-                        self.settle(publisher, delivery, msg, outcome)
-                    });
+                    .map(|((delivery, msg), outcome)| self.settle(out, delivery, msg, outcome));
                 futures_util::future::join_all(settles).await;
             }
             Err(e) if orders::is_transient_for_message(&e) => {
@@ -358,25 +373,21 @@ impl OrderConsumer {
                 let error = e.to_string();
                 let retries = parsed
                     .iter()
-                    .map(|(delivery, _)| self.retry_later(publisher, delivery, &error));
+                    .map(|(delivery, _)| self.retry_later(out, delivery, &error));
                 futures_util::future::join_all(retries).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, count = msgs.len(), "database unavailable, requeueing");
-                let requeues = parsed.iter().map(|(delivery, _)| self.requeue(delivery));
+                let requeues = parsed
+                    .iter()
+                    .map(|(delivery, _)| self.requeue(out, delivery));
                 futures_util::future::join_all(requeues).await;
             }
         }
     }
 
     /// Writes the buyer's result for one written message, then acks or dead-letters it.
-    async fn settle(
-        &self,
-        publisher: &Channel,
-        delivery: Delivery,
-        msg: OrderMessage,
-        outcome: Recorded,
-    ) {
+    async fn settle(&self, out: &Out, delivery: Delivery, msg: OrderMessage, outcome: Recorded) {
         let span = delivery_span(&delivery);
         let (result, settle) = match outcome {
             Recorded::Created { order_id } => {
@@ -403,30 +414,26 @@ impl OrderConsumer {
         if let Err(e) = self.write_result(&msg, &result).await {
             // The order is committed; redelivery will find it and write the result again.
             span.in_scope(|| tracing::warn!(error = %e, "result write failed, requeueing"));
-            self.requeue(&delivery).await;
+            self.requeue(out, &delivery).await;
             return;
         }
         match (settle, result) {
             (Settle::DeadLetter, PurchaseResult::Failed { reason }) => {
-                self.dead_letter(publisher, &delivery, &reason, "rejected by the database")
+                self.dead_letter(out, &delivery, &reason, "rejected by the database")
                     .await;
             }
-            _ => {
-                if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
-                    // The channel died: the broker redelivers, and the write is idempotent.
-                    span.in_scope(|| tracing::warn!(error = %e, "could not ack delivery"));
-                }
-            }
+            // Acked with the run of finished deliveries it belongs to.
+            _ => out.acks.ack(delivery.delivery_tag).await,
         }
     }
 
     /// Sends a message that failed transiently to its next retry tier (or, past the cap, to
     /// the dead letters), then acks the original.
-    async fn retry_later(&self, publisher: &Channel, delivery: &Delivery, error: &str) {
+    async fn retry_later(&self, out: &Out, delivery: &Delivery, error: &str) {
         let attempt = attempt_of(delivery);
         match self.retry.next(attempt) {
             Next::GiveUp => {
-                self.dead_letter(publisher, delivery, "retries_exhausted", error)
+                self.dead_letter(out, delivery, "retries_exhausted", error)
                     .await;
             }
             Next::Retry { delay_ms, attempt } => {
@@ -437,7 +444,7 @@ impl OrderConsumer {
                 ];
                 let published = self
                     .republish(
-                        publisher,
+                        &out.publisher,
                         &self.topology.retry_exchange,
                         &routing_key,
                         delivery,
@@ -447,9 +454,9 @@ impl OrderConsumer {
                 if published {
                     metrics::counter!("orders_retried_total", "tier" => format!("{delay_ms}ms"))
                         .increment(1);
-                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                    out.acks.ack(delivery.delivery_tag).await;
                 } else {
-                    self.requeue(delivery).await;
+                    self.requeue(out, delivery).await;
                 }
             }
         }
@@ -457,7 +464,7 @@ impl OrderConsumer {
 
     /// Publishes the message to the dead-letter exchange with its reason, then acks the
     /// original; if that publish fails, rejects it into the same exchange without a reason.
-    async fn dead_letter(&self, publisher: &Channel, delivery: &Delivery, code: &str, error: &str) {
+    async fn dead_letter(&self, out: &Out, delivery: &Delivery, code: &str, error: &str) {
         metrics::counter!("orders_dead_lettered_total", "reason" => code.to_string()).increment(1);
         let headers = [
             (HEADER_ERROR_CODE, AMQPValue::LongString(code.into())),
@@ -469,12 +476,13 @@ impl OrderConsumer {
         ];
         let exchange = &self.topology.dead_letter_exchange;
         if self
-            .republish(publisher, exchange, "", delivery, &headers)
+            .republish(&out.publisher, exchange, "", delivery, &headers)
             .await
         {
-            let _ = delivery.ack(BasicAckOptions::default()).await;
+            out.acks.ack(delivery.delivery_tag).await;
         } else {
             let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+            out.acks.settled_elsewhere(delivery.delivery_tag).await;
         }
     }
 
@@ -514,7 +522,7 @@ impl OrderConsumer {
         }
     }
 
-    async fn requeue(&self, delivery: &Delivery) {
+    async fn requeue(&self, out: &Out, delivery: &Delivery) {
         metrics::counter!("orders_requeued_total").increment(1);
         tokio::time::sleep(self.requeue_delay).await;
         let options = BasicNackOptions {
@@ -524,6 +532,7 @@ impl OrderConsumer {
         if let Err(e) = delivery.nack(options).await {
             tracing::warn!(error = %e, "could not requeue delivery");
         }
+        out.acks.settled_elsewhere(delivery.delivery_tag).await;
     }
 
     /// How many buckets the product's stock is split into; 1 for an unknown product (its
@@ -558,6 +567,14 @@ impl OrderConsumer {
             .await?;
         Ok(())
     }
+}
+
+/// Where a batch settles its deliveries: the confirm channel for retries and dead letters,
+/// and the consuming channel's ack window.
+#[derive(Clone)]
+struct Out {
+    publisher: Channel,
+    acks: Arc<AckWindow>,
 }
 
 /// How a consuming run ended.

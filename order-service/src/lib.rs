@@ -16,6 +16,7 @@
 //!   [`admin`] and the CLI list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
 
+pub mod ack_window;
 pub mod admin;
 pub mod breaker;
 pub mod compensation;
