@@ -30,27 +30,29 @@ impl Tags {
         self.in_hand.insert(tag);
     }
 
-    /// A delivery is done and may be acked; returns the tag to ack up to, if any.
-    pub fn finished(&mut self, tag: u64) -> Option<u64> {
+    /// A delivery is done and may be acked; returns the tag to ack up to and how many
+    /// deliveries that ack covers, if any.
+    pub fn finished(&mut self, tag: u64) -> Option<(u64, usize)> {
         if self.in_hand.remove(&tag) {
             self.finished.insert(tag);
         }
         self.flushable()
     }
 
-    /// A delivery was settled on its own (nack, reject); returns the tag to ack up to, if
-    /// its leaving uncovered a finished prefix.
-    pub fn settled_elsewhere(&mut self, tag: u64) -> Option<u64> {
+    /// A delivery was settled on its own (nack, reject); returns the tag to ack up to (and
+    /// the count), if its leaving uncovered a finished prefix.
+    pub fn settled_elsewhere(&mut self, tag: u64) -> Option<(u64, usize)> {
         self.in_hand.remove(&tag);
         self.flushable()
     }
 
-    /// Takes every finished tag below the lowest one in hand; returns the highest of them.
-    fn flushable(&mut self) -> Option<u64> {
+    /// Takes every finished tag below the lowest one in hand; returns the highest of them
+    /// and their number.
+    fn flushable(&mut self) -> Option<(u64, usize)> {
         let limit = self.in_hand.first().copied().unwrap_or(u64::MAX);
         let rest = self.finished.split_off(&limit);
         let flushed = std::mem::replace(&mut self.finished, rest);
-        flushed.last().copied()
+        flushed.last().map(|&last| (last, flushed.len()))
     }
 }
 
@@ -78,16 +80,16 @@ impl AckWindow {
     /// Marks a delivery done; sends the ack it makes possible, if any.
     pub async fn ack(&self, tag: u64) {
         let mut tags = self.tags.lock().await;
-        if let Some(up_to) = tags.finished(tag) {
-            self.send(up_to).await;
+        if let Some((up_to, count)) = tags.finished(tag) {
+            self.send(up_to, count).await;
         }
     }
 
     /// Notes that a delivery was settled another way; sends any ack that uncovers.
     pub async fn settled_elsewhere(&self, tag: u64) {
         let mut tags = self.tags.lock().await;
-        if let Some(up_to) = tags.settled_elsewhere(tag) {
-            self.send(up_to).await;
+        if let Some((up_to, count)) = tags.settled_elsewhere(tag) {
+            self.send(up_to, count).await;
         }
     }
 
@@ -100,13 +102,14 @@ impl AckWindow {
             .collect()
     }
 
-    async fn send(&self, up_to: u64) {
+    async fn send(&self, up_to: u64, count: usize) {
         let multiple = BasicAckOptions { multiple: true };
         if let Err(e) = self.channel.basic_ack(up_to, multiple).await {
             // The channel died: the broker redelivers everything unacked, and the writes
             // are idempotent.
             tracing::warn!(error = %e, up_to, "could not ack deliveries");
         } else {
+            metrics::counter!("orders_acked_total").increment(count as u64);
             metrics::counter!("orders_ack_frames_total").increment(1);
         }
     }
@@ -127,10 +130,10 @@ mod tests {
         assert_eq!(tags.finished(5), None);
         assert_eq!(tags.finished(2), None);
         // 1 finishes: 1 and 2 go; 3 is still in hand, so 4 and 5 wait.
-        assert_eq!(tags.finished(1), Some(2));
+        assert_eq!(tags.finished(1), Some((2, 2)));
         // 3 is requeued on its own: 4 and 5 are uncovered.
-        assert_eq!(tags.settled_elsewhere(3), Some(5));
-        assert_eq!(tags.finished(6), Some(6));
+        assert_eq!(tags.settled_elsewhere(3), Some((5, 2)));
+        assert_eq!(tags.finished(6), Some((6, 1)));
         assert_eq!(tags.finished(6), None, "a tag is acked once");
     }
 
@@ -141,6 +144,6 @@ mod tests {
         tags.delivered(2);
         assert_eq!(tags.settled_elsewhere(1), None);
         assert_eq!(tags.finished(1), None, "1 was settled already");
-        assert_eq!(tags.finished(2), Some(2));
+        assert_eq!(tags.finished(2), Some((2, 1)));
     }
 }
