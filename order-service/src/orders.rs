@@ -197,11 +197,16 @@ async fn try_batch(
     let mut tx = begin(db, options.lock_timeout).await?;
     // ON CONFLICT without a target skips a row that hits any unique index: a redelivered
     // purchase, a second live order of one user, or a duplicate inside this very batch.
+    // Rows go in in (user, product, request) order: a row waiting on another transaction's
+    // uncommitted copy of it holds that wait in the same order in every batch, so two
+    // batches sharing redelivered purchases queue behind each other instead of deadlocking
+    // (which would send both to a retry tier for nothing).
     let inserted: Result<Vec<(i64, uuid::Uuid, i64)>, sqlx::Error> = sqlx::query_as(
         "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, pay_by) \
          SELECT m.*, now() + make_interval(secs => $6::double precision) \
-         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], \
-                     $5::timestamptz[]) AS m \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[]) \
+           AS m(request_id, user_id, product_id, price_cents, accepted_at) \
+         ORDER BY m.user_id, m.product_id, m.request_id \
          ON CONFLICT DO NOTHING RETURNING id, request_id, product_id",
     )
     .bind(&request_ids)
