@@ -122,6 +122,13 @@ impl TestNamespace {
                 .await
                 .expect("connect to rabbitmq");
         let channel = connection.create_channel().await.expect("channel");
+        // Confirm mode, so a test's publish is in its queue once it is confirmed: without
+        // it a "confirm" resolves at once and a queue can look drained while messages are
+        // still on their way to it.
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .expect("confirm mode");
         self.topology().declare(&channel).await.expect("declare");
         (connection, channel)
     }

@@ -2,7 +2,7 @@
 
 use chrono::{Duration as ChronoDuration, Utc};
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio_util::sync::CancellationToken;
 
 use order_service::{Application, Settings};
@@ -85,7 +85,8 @@ impl TestApp {
     /// Publishes raw bytes the way the relay does, waiting for the broker's confirm.
     pub async fn publish_raw(&self, body: &[u8], message_id: &str) {
         let topology = self.ns.topology();
-        self.channel
+        let confirmation = self
+            .channel
             .basic_publish(
                 topology.exchange.as_str().into(),
                 topology.routing_key.as_str().into(),
@@ -102,6 +103,10 @@ impl TestApp {
             .expect("publish")
             .await
             .expect("confirm");
+        assert!(
+            matches!(confirmation, Confirmation::Ack(None)),
+            "not published and routed: {confirmation:?}"
+        );
     }
 
     /// Publishes every message with all confirms in flight at once (a storm, not a trickle).
@@ -129,7 +134,11 @@ impl TestApp {
             confirms.push(confirm);
         }
         for confirm in confirms {
-            confirm.await.expect("confirm");
+            let confirmation = confirm.await.expect("confirm");
+            assert!(
+                matches!(confirmation, Confirmation::Ack(None)),
+                "not published and routed: {confirmation:?}"
+            );
         }
     }
 
