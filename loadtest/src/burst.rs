@@ -11,6 +11,8 @@ use reqwest::{Client, StatusCode, header::AUTHORIZATION};
 use serde::Deserialize;
 use uuid::Uuid;
 
+use seckill_auth::TokenMinter;
+
 /// Status-count key for a request that got no HTTP answer (connect error, timeout, reset).
 pub const TRANSPORT_ERROR: &str = "error";
 
@@ -26,11 +28,11 @@ pub struct Buyer {
 }
 
 /// Mints one token per user id in `first..first + users`.
-pub fn mint_buyers(secret: &str, first: i64, users: u64, ttl_secs: i64) -> Vec<Buyer> {
+pub fn mint_buyers(minter: &TokenMinter, first: i64, users: u64, ttl_secs: i64) -> Vec<Buyer> {
     (0..users as i64)
         .map(|offset| {
             let user_id = first + offset;
-            let token = seckill_auth::mint_token(secret, user_id, &[], ttl_secs);
+            let token = minter.mint(user_id, &[], ttl_secs);
             Buyer {
                 user_id,
                 authorization: format!("Bearer {token}"),

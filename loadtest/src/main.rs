@@ -24,6 +24,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
+use seckill_auth::TokenMinter;
+
 use crate::check::Facts;
 use crate::report::Report;
 use crate::settle::Probe;
@@ -62,6 +64,12 @@ struct Args {
     #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true,
           default_value = seckill_config::DEV_JWT_SECRET)]
     jwt_secret: String,
+    /// `iss` of the minted tokens, for a gateway that checks it (the first of a comma-separated list).
+    #[arg(long, env = "SECKILL_GATEWAY_JWT_ISSUER", default_value = "")]
+    jwt_issuer: String,
+    /// `aud` of the minted tokens, for a gateway that checks it (the first of a comma-separated list).
+    #[arg(long, env = "SECKILL_GATEWAY_JWT_AUDIENCE", default_value = "")]
+    jwt_audience: String,
     /// Postgres URL, for the invariant check.
     #[arg(
         long,
@@ -119,6 +127,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     // Both stores first: a dead dependency should stop the run before any traffic.
     let probe = Probe::connect(&args.database_url, &args.redis_url, &args.namespace).await?;
     let client = burst::client(concurrency)?;
+    let first = |list: &str| list.split(',').next().unwrap_or("").to_owned();
+    let minter = TokenMinter::new(&args.jwt_secret)
+        .issuer(&first(&args.jwt_issuer))
+        .audience(&first(&args.jwt_audience));
 
     let product_id = match args.product_id {
         Some(id) => {
@@ -133,7 +145,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             let id = product::create(
                 &client,
                 &args.gateway_url,
-                &args.jwt_secret,
+                &minter,
                 args.stock,
                 args.price_cents,
             )
@@ -145,7 +157,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     // Minting is CPU work that must not count against the burst's latency or throughput.
     let buyers = burst::mint_buyers(
-        &args.jwt_secret,
+        &minter,
         args.first_user_id,
         args.users,
         BUYER_TOKEN_TTL_SECS,

@@ -6,6 +6,8 @@ use reqwest::{Client, StatusCode, header::AUTHORIZATION};
 use serde::Deserialize;
 use serde_json::json;
 
+use seckill_auth::TokenMinter;
+
 /// The admin user the load tester acts as.
 const ADMIN_USER_ID: i64 = 1;
 
@@ -20,12 +22,12 @@ struct Created {
 pub async fn create(
     client: &Client,
     gateway_url: &str,
-    jwt_secret: &str,
+    minter: &TokenMinter,
     stock: i32,
     price_cents: i64,
 ) -> anyhow::Result<i64> {
     let now = Utc::now();
-    let token = seckill_auth::mint_token(jwt_secret, ADMIN_USER_ID, &["admin"], 3600);
+    let token = minter.mint(ADMIN_USER_ID, &["admin"], 3600);
     let body = json!({
         "name": format!("loadtest {}", now.to_rfc3339_opts(SecondsFormat::Millis, true)),
         "price_cents": price_cents,

@@ -291,23 +291,82 @@ impl JwtVerifier {
     }
 }
 
-/// Mints an HS256 token for `user_id` valid for `ttl_secs`, for scripts, tests and the load
-/// tester. Production tokens come from the operator's identity provider.
+/// Mints HS256 tokens for scripts, tests and the load tester, with the `iss` and `aud` a
+/// gateway that checks them expects. Production tokens come from the operator's identity
+/// provider.
+#[derive(Clone)]
+pub struct TokenMinter {
+    key: EncodingKey,
+    issuer: Option<String>,
+    audience: Option<String>,
+}
+
+impl std::fmt::Debug for TokenMinter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenMinter")
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`Claims`] plus the scope claims a minter adds.
+#[derive(Serialize)]
+struct MintedClaims<'a> {
+    #[serde(flatten)]
+    claims: &'a Claims,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iss: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aud: Option<&'a str>,
+}
+
+impl TokenMinter {
+    /// A minter signing with the HS256 `secret`, without `iss` or `aud`.
+    pub fn new(secret: &str) -> Self {
+        Self {
+            key: EncodingKey::from_secret(secret.as_bytes()),
+            issuer: None,
+            audience: None,
+        }
+    }
+
+    /// Puts `iss` in every token (none when empty).
+    pub fn issuer(mut self, issuer: &str) -> Self {
+        self.issuer = Some(issuer.trim().to_owned()).filter(|i| !i.is_empty());
+        self
+    }
+
+    /// Puts `aud` in every token (none when empty).
+    pub fn audience(mut self, audience: &str) -> Self {
+        self.audience = Some(audience.trim().to_owned()).filter(|a| !a.is_empty());
+        self
+    }
+
+    /// A token for `user_id` with `roles`, valid for `ttl_secs` from now.
+    pub fn mint(&self, user_id: i64, roles: &[&str], ttl_secs: i64) -> String {
+        let now = chrono::Utc::now().timestamp();
+        let claims = Claims {
+            sub: user_id.to_string(),
+            exp: now + ttl_secs,
+            iat: Some(now),
+            nbf: None,
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+        };
+        let minted = MintedClaims {
+            claims: &claims,
+            iss: self.issuer.as_deref(),
+            aud: self.audience.as_deref(),
+        };
+        encode(&Header::new(Algorithm::HS256), &minted, &self.key)
+            .expect("HS256 encoding of plain claims cannot fail")
+    }
+}
+
+/// Mints an HS256 token for `user_id` valid for `ttl_secs`, without `iss` or `aud`
+/// ([`TokenMinter`] adds them).
 pub fn mint_token(secret: &str, user_id: i64, roles: &[&str], ttl_secs: i64) -> String {
-    let now = chrono::Utc::now().timestamp();
-    let claims = Claims {
-        sub: user_id.to_string(),
-        exp: now + ttl_secs,
-        iat: Some(now),
-        nbf: None,
-        roles: roles.iter().map(|r| r.to_string()).collect(),
-    };
-    encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .expect("HS256 encoding of plain claims cannot fail")
+    TokenMinter::new(secret).mint(user_id, roles, ttl_secs)
 }
 
 #[cfg(test)]

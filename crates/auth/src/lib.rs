@@ -15,4 +15,4 @@ pub mod identity;
 pub mod jwt;
 
 pub use identity::{AdminIdentity, Identity, IdentitySigner};
-pub use jwt::{ClaimRules, Claims, JwtAlgorithm, JwtVerifier, TokenError, mint_token};
+pub use jwt::{ClaimRules, Claims, JwtAlgorithm, JwtVerifier, TokenError, TokenMinter, mint_token};

@@ -1,7 +1,8 @@
 //! `seckill-token`: mints HS256 tokens for scripts, curl and wrk, one per line.
 //!
 //! `seckill-token --sub 42` prints a token for user 42; `--count N` prints N user tokens for
-//! subs 42..42+N-1 (the input of `loadtest/wrk/seckill.lua`).
+//! subs 42..42+N-1 (the input of `loadtest/wrk/seckill.lua`). Tokens carry the `iss` and
+//! `aud` a gateway configured to check them expects (read from the same variables).
 
 use std::io::{BufWriter, Write};
 
@@ -24,6 +25,12 @@ struct Args {
     #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true,
           default_value = seckill_config::DEV_JWT_SECRET)]
     secret: String,
+    /// `iss` claim; the gateway's accepted issuers are a comma-separated list, the first is used.
+    #[arg(long, env = "SECKILL_GATEWAY_JWT_ISSUER", default_value = "")]
+    issuer: String,
+    /// `aud` claim; as for --issuer, the first of a comma-separated list.
+    #[arg(long, env = "SECKILL_GATEWAY_JWT_AUDIENCE", default_value = "")]
+    audience: String,
     /// Print this many user tokens, for consecutive subs starting at --sub.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
@@ -32,11 +39,19 @@ struct Args {
 fn main() -> std::io::Result<()> {
     let args = Args::parse();
     let roles: &[&str] = if args.admin { &["admin"] } else { &[] };
+    let minter = seckill_auth::TokenMinter::new(&args.secret)
+        .issuer(first(&args.issuer))
+        .audience(first(&args.audience));
     let mut out = BufWriter::new(std::io::stdout().lock());
     for offset in 0..args.count.unwrap_or(1) {
         let sub = args.sub + offset as i64;
-        let token = seckill_auth::mint_token(&args.secret, sub, roles, args.ttl_secs);
+        let token = minter.mint(sub, roles, args.ttl_secs);
         writeln!(out, "{token}")?;
     }
     out.flush()
+}
+
+/// The first entry of a comma-separated list (the gateway accepts any of them).
+fn first(list: &str) -> &str {
+    list.split(',').next().unwrap_or("")
 }

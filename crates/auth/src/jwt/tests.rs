@@ -114,6 +114,42 @@ fn time_claims_are_checked_with_the_leeway() {
 }
 
 #[test]
+fn a_minter_with_issuer_and_audience_passes_a_verifier_that_requires_them() {
+    let strict = verifier(&rules(&["https://idp.example"], &["seckill"]));
+    let scoped = TokenMinter::new("s3cret")
+        .issuer("https://idp.example")
+        .audience(" seckill ");
+    let (user, claims) = strict
+        .verify(&scoped.mint(9, &["admin"], 60))
+        .expect("scoped token");
+    assert_eq!((user, claims.roles), (9, vec!["admin".to_string()]));
+    // Without them, or with another audience, the same verifier refuses.
+    assert_eq!(
+        strict.verify(&mint_token("s3cret", 9, &[], 60)),
+        Err(TokenError::MissingClaim)
+    );
+    let elsewhere = TokenMinter::new("s3cret")
+        .issuer("https://idp.example")
+        .audience("other");
+    assert_eq!(
+        strict.verify(&elsewhere.mint(9, &[], 60)),
+        Err(TokenError::WrongAudience)
+    );
+    // An empty value means "no claim", as in the gateway's settings.
+    let blank = TokenMinter::new("s3cret").issuer("").audience("  ");
+    assert_eq!(
+        verifier(&rules(&[], &[]))
+            .verify(&blank.mint(9, &[], 60))
+            .map(|(id, _)| id),
+        Ok(9)
+    );
+    assert_eq!(
+        strict.verify(&blank.mint(9, &[], 60)),
+        Err(TokenError::MissingClaim)
+    );
+}
+
+#[test]
 fn issuer_and_audience_are_required_and_checked_only_when_configured() {
     let t = now();
     let strict = verifier(&rules(&["https://idp.example"], &["seckill"]));
