@@ -30,10 +30,11 @@ use seckill_messaging::{HEADER_ATTEMPT, HEADER_REQUEST_ID, OrderMessage};
 use seckill_store::{Redis, RedisConn};
 use seckill_testkit::TestNamespace;
 
+mod support;
+use support::{Procs, load_average, median, wait_for_quiet};
+
 /// The product whose outbox streams hold the entries.
 const PRODUCT: i64 = 1;
-/// Linux reports process CPU time in ticks of 1/100 s.
-const CLK_TCK: f64 = 100.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Hints {
@@ -132,7 +133,12 @@ async fn bench(args: &Args, ns: &TestNamespace) -> anyhow::Result<()> {
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let entries = entries(args.messages);
-    let procs = Procs::find(&mut conn).await;
+    let procs = Procs::find(
+        &mut conn,
+        vec![("publisher", vec![std::process::id()])],
+        None,
+    )
+    .await;
     let hint_modes: &[bool] = match args.hints {
         Hints::On => &[true],
         Hints::Off => &[false],
@@ -140,7 +146,7 @@ async fn bench(args: &Args, ns: &TestNamespace) -> anyhow::Result<()> {
     };
     let mut runs: Vec<(usize, Run)> = Vec::new();
     for round in 0..args.rounds {
-        let quiet = wait_for_quiet(args).await;
+        let quiet = wait_for_quiet(args.quiet_below, args.quiet_wait_secs).await;
         let before = procs.sample();
         let (rate, secs) =
             unconfirmed(ns, &publisher, &monitor, &entries, args.baseline_window).await?;
@@ -155,7 +161,7 @@ async fn bench(args: &Args, ns: &TestNamespace) -> anyhow::Result<()> {
         for &batch in &args.batch {
             for &hinted in hint_modes {
                 fill(ns, &mut conn, args.streams, &entries).await?;
-                let quiet = wait_for_quiet(args).await;
+                let quiet = wait_for_quiet(args.quiet_below, args.quiet_wait_secs).await;
                 let before = procs.sample();
                 let (rate, secs) = relayed(ns, &redis, &monitor, args, batch, hinted).await?;
                 let run = Run {
@@ -173,7 +179,7 @@ async fn bench(args: &Args, ns: &TestNamespace) -> anyhow::Result<()> {
             if args.confirm_probe {
                 let round_size = batch * usize::from(args.streams);
                 for window in [1, args.baseline_window] {
-                    let quiet = wait_for_quiet(args).await;
+                    let quiet = wait_for_quiet(args.quiet_below, args.quiet_wait_secs).await;
                     let before = procs.sample();
                     let (rate, secs) =
                         confirmed(ns, &confirming, &monitor, &entries, round_size, window).await?;
@@ -248,18 +254,6 @@ fn report(args: &Args, runs: &[(usize, Run)]) {
         );
     }
     println!("load average now: {}", load_average());
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// N entries with distinct request ids and realistic order bodies.
@@ -502,146 +496,4 @@ async fn purge(ns: &TestNamespace, channel: &Channel) -> anyhow::Result<()> {
         )
         .await?;
     Ok(())
-}
-
-/// The processes whose CPU time each run reports.
-struct Procs {
-    named: Vec<(&'static str, Vec<u32>)>,
-}
-
-/// CPU ticks per process group, plus the whole machine's.
-struct CpuSample {
-    at: Instant,
-    ticks: Vec<(&'static str, u64)>,
-    /// Busy and interrupt ticks of the whole machine.
-    machine: (u64, u64),
-}
-
-impl Procs {
-    async fn find(redis: &mut RedisConn) -> Self {
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(redis)
-            .await
-            .unwrap_or_default();
-        let redis_pid: Vec<u32> = info
-            .lines()
-            .find_map(|l| l.strip_prefix("process_id:"))
-            .and_then(|p| p.trim().parse().ok())
-            .into_iter()
-            .collect();
-        let beams: Vec<u32> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .is_ok_and(|c| c.trim() == "beam.smp")
-            })
-            .collect();
-        Self {
-            named: vec![
-                ("publisher", vec![std::process::id()]),
-                ("redis", redis_pid),
-                ("rabbitmq", beams),
-            ],
-        }
-    }
-
-    fn sample(&self) -> CpuSample {
-        CpuSample {
-            at: Instant::now(),
-            ticks: self
-                .named
-                .iter()
-                .map(|(name, pids)| (*name, pids.iter().map(|p| proc_ticks(*p)).sum()))
-                .collect(),
-            machine: machine_ticks(),
-        }
-    }
-}
-
-impl CpuSample {
-    /// "publisher 0.80, redis 0.20, ..., other 0.05": cores each used since `earlier`.
-    fn usage_since(&self, earlier: &CpuSample, busy_before: f64) -> String {
-        let secs = self.at.duration_since(earlier.at).as_secs_f64().max(1e-3);
-        let cores = |now: u64, then: u64| now.saturating_sub(then) as f64 / CLK_TCK / secs;
-        let mut accounted = 0.0;
-        let mut parts = Vec::new();
-        for ((name, now), (_, then)) in self.ticks.iter().zip(&earlier.ticks) {
-            let used = cores(*now, *then);
-            accounted += used;
-            parts.push(format!("{name} {used:.2}"));
-        }
-        let machine = cores(self.machine.0, earlier.machine.0);
-        let interrupts = cores(self.machine.1, earlier.machine.1);
-        parts.push(format!("irq/softirq {interrupts:.2}"));
-        parts.push(format!(
-            "other {:.2}",
-            (machine - accounted - interrupts).max(0.0)
-        ));
-        format!("{} (busy before: {busy_before:.2})", parts.join(", "))
-    }
-}
-
-/// utime + stime of `pid`, in ticks; 0 when unreadable.
-fn proc_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // Fields after the parenthesised name, which may hold spaces; utime is field 14.
-    stat.rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(|f| f.parse::<u64>().unwrap_or(0))
-        .sum()
-}
-
-/// Busy ticks of all CPUs (everything but idle and iowait) and the part of them spent in
-/// interrupts and softirqs (on loopback, much of TCP), from `/proc/stat`.
-fn machine_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let values: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    let field = |i: usize| values.get(i).copied().unwrap_or(0);
-    let total: u64 = values.iter().sum();
-    (
-        total.saturating_sub(field(3) + field(4)),
-        field(5) + field(6),
-    )
-}
-
-/// Waits until the whole machine is busy with at most `args.quiet_below` cores over a
-/// second, for at most `args.quiet_wait_secs`; returns the last busy reading.
-async fn wait_for_quiet(args: &Args) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(args.quiet_wait_secs);
-    loop {
-        let (before, at) = (machine_ticks().0, Instant::now());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let busy =
-            machine_ticks().0.saturating_sub(before) as f64 / CLK_TCK / at.elapsed().as_secs_f64();
-        if busy <= args.quiet_below || Instant::now() >= deadline {
-            return busy;
-        }
-    }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }

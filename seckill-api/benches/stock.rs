@@ -35,14 +35,15 @@ use seckill_messaging::OrderMessage;
 use seckill_store::RedisConn;
 use seckill_testkit::{INTERNAL_KEY, TestNamespace, identity_headers};
 
+mod support;
+use support::{Procs, load_average, median, wait_for_quiet};
+
 /// Product id of the hand-made EVALSHA bucket; never created in Postgres.
 const FAKE_PRODUCT: i64 = 999_999;
 /// An AMQP URL nothing listens on (`--no-relay`).
 const DEAD_BROKER: &str = "amqp://guest:guest@127.0.0.1:9/%2f";
 /// Slowest latency the histograms hold, in microseconds.
 const MAX_LATENCY_US: u64 = 60_000_000;
-/// Linux reports process CPU time in ticks of 1/100 s.
-const CLK_TCK: f64 = 100.0;
 
 #[derive(Debug, Parser)]
 #[command(about = "Lua deduction (redis-benchmark EVALSHA) vs. the purchase endpoint")]
@@ -154,7 +155,8 @@ async fn bench(args: &Args, ns: &TestNamespace) -> anyhow::Result<()> {
 async fn measure(args: &Args, ns: &TestNamespace, api: &Service) -> anyhow::Result<()> {
     let mut redis = ns.redis().await;
     let (_amqp, channel) = ns.channel().await;
-    let procs = Procs::find(&mut redis, api.pid).await;
+    let own = vec![("api", vec![api.pid]), ("client", vec![std::process::id()])];
+    let procs = Procs::find(&mut redis, own, Some("redis-benchmark")).await;
     let evalsha = EvalSha::prepare(ns, &mut redis).await?;
     let endpoint = Endpoint::new(args, api);
     eprintln!("warming up the endpoint (loads the stock, fills the pools)");
@@ -163,7 +165,7 @@ async fn measure(args: &Args, ns: &TestNamespace, api: &Service) -> anyhow::Resu
 
     let mut runs = Vec::new();
     for round in 0..args.rounds {
-        let quiet = wait_for_quiet(args).await;
+        let quiet = wait_for_quiet(args.quiet_below, args.quiet_wait_secs).await;
         let (before, stats) = (procs.sample(), command_stats(&mut redis).await?);
         let (mut run, deducted) = evalsha.run(args, &mut redis).await?;
         run.cpu = procs.sample().usage_since(&before, quiet);
@@ -173,7 +175,7 @@ async fn measure(args: &Args, ns: &TestNamespace, api: &Service) -> anyhow::Resu
         runs.push(run);
 
         let lua_before = api.lua_seconds().await?;
-        let quiet = wait_for_quiet(args).await;
+        let quiet = wait_for_quiet(args.quiet_below, args.quiet_wait_secs).await;
         let (before, stats) = (procs.sample(), command_stats(&mut redis).await?);
         let first_user = 100_000_000 * (round as i64 + 1);
         let mut run = endpoint.burst(first_user, args.requests).await?;
@@ -286,18 +288,6 @@ fn report(args: &Args, runs: &[Run]) {
         if median >= 0.5 { "met" } else { "NOT met" }
     );
     println!("load average now: {}", load_average());
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// Waits until seckill-api's relay moved every accepted purchase to RabbitMQ (so the next run
@@ -749,157 +739,4 @@ async fn connect(address: SocketAddr) -> anyhow::Result<SendRequest<Empty<Bytes>
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
     Ok(sender)
-}
-
-/// The processes whose CPU time each run reports.
-struct Procs {
-    named: Vec<(&'static str, Vec<u32>)>,
-}
-
-/// CPU ticks per process group (and of our waited-for children), plus the whole machine's.
-struct CpuSample {
-    at: Instant,
-    ticks: Vec<(&'static str, u64)>,
-    /// Busy and interrupt ticks of the whole machine.
-    machine: (u64, u64),
-}
-
-impl Procs {
-    async fn find(redis: &mut RedisConn, api: u32) -> Self {
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(redis)
-            .await
-            .unwrap_or_default();
-        let redis_pid: Vec<u32> = info
-            .lines()
-            .find_map(|l| l.strip_prefix("process_id:"))
-            .and_then(|p| p.trim().parse().ok())
-            .into_iter()
-            .collect();
-        let beams: Vec<u32> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .is_ok_and(|c| c.trim() == "beam.smp")
-            })
-            .collect();
-        Self {
-            named: vec![
-                ("api", vec![api]),
-                ("redis", redis_pid),
-                ("rabbitmq", beams),
-                ("client", vec![std::process::id()]),
-            ],
-        }
-    }
-
-    fn sample(&self) -> CpuSample {
-        let mut ticks: Vec<(&'static str, u64)> = self
-            .named
-            .iter()
-            .map(|(name, pids)| (*name, pids.iter().map(|p| proc_ticks(*p).0).sum()))
-            .collect();
-        // redis-benchmark, once waited for, lands in our children's times.
-        ticks.push(("redis-benchmark", proc_ticks(std::process::id()).1));
-        CpuSample {
-            at: Instant::now(),
-            ticks,
-            machine: machine_ticks(),
-        }
-    }
-}
-
-impl CpuSample {
-    /// "api 1.10 redis 0.60 ... other 0.05": cores each used since `earlier`.
-    fn usage_since(&self, earlier: &CpuSample, busy_before: f64) -> String {
-        let secs = self.at.duration_since(earlier.at).as_secs_f64().max(1e-3);
-        let cores = |now: u64, then: u64| now.saturating_sub(then) as f64 / CLK_TCK / secs;
-        let mut accounted = 0.0;
-        let mut parts = Vec::new();
-        for ((name, now), (_, then)) in self.ticks.iter().zip(&earlier.ticks) {
-            let used = cores(*now, *then);
-            accounted += used;
-            if used >= 0.005 {
-                parts.push(format!("{name} {used:.2}"));
-            }
-        }
-        let machine = cores(self.machine.0, earlier.machine.0);
-        let interrupts = cores(self.machine.1, earlier.machine.1);
-        parts.push(format!("irq/softirq {interrupts:.2}"));
-        parts.push(format!(
-            "other {:.2}",
-            (machine - accounted - interrupts).max(0.0)
-        ));
-        format!("{} (busy before: {busy_before:.2})", parts.join(", "))
-    }
-}
-
-/// (utime + stime, cutime + cstime) of `pid`, in ticks; zeros when unreadable.
-fn proc_ticks(pid: u32) -> (u64, u64) {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return (0, 0);
-    };
-    // Fields after the parenthesised name, which may hold spaces; utime is field 14.
-    let fields: Vec<u64> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    match fields[..] {
-        [utime, stime, cutime, cstime] => (utime + stime, cutime + cstime),
-        _ => (0, 0),
-    }
-}
-
-/// Busy ticks of all CPUs (everything but idle and iowait) and the part of them spent in
-/// interrupts and softirqs (on loopback, much of TCP), from `/proc/stat`.
-fn machine_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let values: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    let field = |i: usize| values.get(i).copied().unwrap_or(0);
-    let total: u64 = values.iter().sum();
-    (
-        total.saturating_sub(field(3) + field(4)),
-        field(5) + field(6),
-    )
-}
-
-/// Waits until the whole machine is busy with at most `args.quiet_below` cores over a
-/// second, for at most `args.quiet_wait_secs`; returns the last busy reading.
-async fn wait_for_quiet(args: &Args) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(args.quiet_wait_secs);
-    loop {
-        let (before, at) = (machine_ticks().0, Instant::now());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let busy =
-            machine_ticks().0.saturating_sub(before) as f64 / CLK_TCK / at.elapsed().as_secs_f64();
-        if busy <= args.quiet_below || Instant::now() >= deadline {
-            return busy;
-        }
-    }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }
