@@ -5,18 +5,24 @@
 -- KEYS[2] buyers hash (user id -> purchase marker)
 -- KEYS[3] results hash (user id -> buyer-visible result)
 -- KEYS[4] returned set (event ids whose unit this bucket already took back)
--- ARGV[1] user id, ARGV[2] event id (the purchase's request id), ARGV[3] result text
+-- ARGV[1] user id, ARGV[2] event id (the purchase's request id), ARGV[3] result text,
+-- ARGV[4] '1' to put the unit back, '0' to release the buyer only (the unit never existed in
+-- the database: it was refused for want of stock)
 -- Returns: 1 returned now, 2 recorded but the bucket is not loaded (a later load counts the
--- unit from Postgres), 0 this event was already compensated.
+-- unit from Postgres), 3 buyer released without a unit, 0 this event was already compensated.
 if redis.call('SADD', KEYS[4], ARGV[2]) == 0 then
   return 0
 end
 local outcome = 2
 local expire_at = redis.call('HGET', KEYS[1], 'expire_at')
 if expire_at then
-  redis.call('HINCRBY', KEYS[1], 'remaining', 1)
+  if ARGV[4] == '1' then
+    redis.call('HINCRBY', KEYS[1], 'remaining', 1)
+    outcome = 1
+  else
+    outcome = 3
+  end
   redis.call('PEXPIREAT', KEYS[4], expire_at)
-  outcome = 1
 else
   -- Nothing loaded to keep the set's lifetime from: an hour is far beyond any retry.
   redis.call('PEXPIRE', KEYS[4], 3600000)

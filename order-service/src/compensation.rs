@@ -35,27 +35,42 @@ pub async fn cancel_orders(
     user_id: Option<i64>,
     reason: &str,
 ) -> Result<Vec<i64>, sqlx::Error> {
-    sqlx::query_scalar(
-        "WITH given_up AS ( \
-             UPDATE orders SET status = 'cancelled', cancelled_at = now(), cancel_reason = $3 \
-             WHERE id = ANY($1) AND status = 'created' AND ($2::bigint IS NULL OR user_id = $2) \
-             RETURNING id, request_id, user_id, product_id \
-         ), restocked AS ( \
-             UPDATE products p SET stock_remaining = p.stock_remaining + g.units \
-             FROM (SELECT product_id, count(*)::int AS units FROM given_up GROUP BY product_id) g \
-             WHERE p.id = g.product_id \
-         ), queued AS ( \
-             INSERT INTO compensations (event_id, user_id, product_id, reason) \
-             SELECT request_id::text, user_id, product_id, $3 FROM given_up \
-             ON CONFLICT (event_id) DO NOTHING \
-         ) \
-         SELECT id FROM given_up",
+    let given_up: Vec<(i64, uuid::Uuid, i64, i64)> = sqlx::query_as(
+        "UPDATE orders SET status = 'cancelled', cancelled_at = now(), cancel_reason = $3 \
+         WHERE id = ANY($1) AND status = 'created' AND ($2::bigint IS NULL OR user_id = $2) \
+         RETURNING id, request_id, user_id, product_id",
     )
     .bind(order_ids)
     .bind(user_id)
     .bind(reason)
-    .fetch_all(conn)
-    .await
+    .fetch_all(&mut *conn)
+    .await?;
+    // Product rows in ascending id order, as every writer of orders locks them: two sweeps
+    // (or a sweep and a batch of new orders) wait for each other instead of deadlocking.
+    let mut units: std::collections::BTreeMap<i64, i32> = Default::default();
+    for (_, _, _, product_id) in &given_up {
+        *units.entry(*product_id).or_default() += 1;
+    }
+    for (product_id, count) in units {
+        sqlx::query("UPDATE products SET stock_remaining = stock_remaining + $2 WHERE id = $1")
+            .bind(product_id)
+            .bind(count)
+            .execute(&mut *conn)
+            .await?;
+    }
+    sqlx::query(
+        "INSERT INTO compensations (event_id, user_id, product_id, reason) \
+         SELECT g.request_id::text, g.user_id, g.product_id, $4 \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS g(request_id, user_id, product_id) \
+         ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(given_up.iter().map(|g| g.1).collect::<Vec<_>>())
+    .bind(given_up.iter().map(|g| g.2).collect::<Vec<_>>())
+    .bind(given_up.iter().map(|g| g.3).collect::<Vec<_>>())
+    .bind(reason)
+    .execute(&mut *conn)
+    .await?;
+    Ok(given_up.into_iter().map(|g| g.0).collect())
 }
 
 /// Cancels up to `limit` orders whose payment window has passed; returns how many.
@@ -102,6 +117,7 @@ struct Due {
     user_id: i64,
     product_id: i64,
     reason: String,
+    restock: bool,
     attempts: i32,
     buckets: Option<i16>,
 }
@@ -111,26 +127,32 @@ impl Compensator {
     pub async fn run(self, cancel: CancellationToken) {
         let mut failures = 0u32;
         while !cancel.is_cancelled() {
-            let worked = async {
-                let expired = expire_unpaid(&self.db, self.batch).await?;
-                let relayed = self.relay_due().await?;
-                anyhow::Ok(expired + relayed)
+            // Two independent jobs: a sweep that keeps failing must not hold back units
+            // waiting to go back on sale, nor the other way round.
+            let expired = expire_unpaid(&self.db, self.batch)
+                .await
+                .map_err(|e| anyhow::Error::from(e).context("payment-window sweep"));
+            let relayed = self.relay_due().await.map_err(|e| e.context("relay"));
+            let mut worked = 0;
+            let mut failed = false;
+            for outcome in [expired, relayed] {
+                match outcome {
+                    Ok(n) => worked += n,
+                    Err(e) => {
+                        failed = true;
+                        tracing::warn!(error = format!("{e:#}"), "compensation round failed");
+                    }
+                }
             }
-            .await;
-            let pause = match worked {
-                Ok(0) => {
-                    failures = 0;
-                    self.poll
-                }
-                Ok(_) => {
-                    failures = 0;
-                    Duration::ZERO
-                }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(error = format!("{e:#}"), "compensation round failed");
-                    (self.poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30))
-                }
+            let pause = if worked > 0 {
+                failures = 0;
+                Duration::ZERO
+            } else if failed {
+                failures += 1;
+                (self.poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30))
+            } else {
+                failures = 0;
+                self.poll
             };
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -143,7 +165,7 @@ impl Compensator {
     pub async fn relay_due(&self) -> anyhow::Result<usize> {
         let mut tx = self.db.begin().await?;
         let due: Vec<Due> = sqlx::query_as(
-            "SELECT c.event_id, c.user_id, c.product_id, c.reason, c.attempts, \
+            "SELECT c.event_id, c.user_id, c.product_id, c.reason, c.restock, c.attempts, \
                     p.stock_buckets AS buckets \
              FROM compensations c LEFT JOIN products p ON p.id = c.product_id \
              WHERE c.done_at IS NULL AND c.due_at <= now() \
@@ -200,8 +222,16 @@ impl Compensator {
             .arg(row.user_id)
             .arg(&row.event_id)
             .arg(format!("failed:{}", row.reason))
+            .arg(if row.restock { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await?;
+        if !row.restock {
+            return Ok(if outcome == 0 {
+                "already_returned"
+            } else {
+                "buyer_released"
+            });
+        }
         // Units are on sale again: a sweep that started before must not raise the sold-out
         // flag over them (see seckill-api's sold_out.lua), and a raised flag comes down.
         // Done even when the script found the event already compensated, in case an

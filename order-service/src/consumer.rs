@@ -398,6 +398,16 @@ impl OrderConsumer {
                 metrics::counter!("orders_duplicates_total").increment(1);
                 (PurchaseResult::Success { order_id }, Settle::Ack)
             }
+            Recorded::Cancelled { order_id } => {
+                // Its result was written when it was cancelled, and the buyer may have bought
+                // again since: whatever this copy wrote could only be stale.
+                metrics::counter!("orders_duplicates_total").increment(1);
+                span.in_scope(|| {
+                    tracing::info!(order_id, "copy of a cancelled purchase, nothing to do")
+                });
+                out.acks.ack(delivery.delivery_tag).await;
+                return;
+            }
             Recorded::Rejected { reason } => {
                 span.in_scope(|| {
                     tracing::error!(

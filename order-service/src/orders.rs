@@ -21,6 +21,13 @@ pub enum Recorded {
         /// The existing order's id.
         order_id: i64,
     },
+    /// This purchase's order exists and was cancelled (by its buyer, the payment window, or
+    /// an operator giving up its dead letter): nothing changed, and the buyer's result, set
+    /// when it was cancelled, stands.
+    Cancelled {
+        /// The cancelled order's id.
+        order_id: i64,
+    },
     /// The message can never become an order; retrying will not help.
     Rejected {
         /// snake_case reason, shown to the buyer.
@@ -53,7 +60,8 @@ pub struct Order {
     pub paid_at: Option<DateTime<Utc>>,
     /// When it was cancelled.
     pub cancelled_at: Option<DateTime<Utc>>,
-    /// Why: `cancelled` (by the buyer) or `payment_expired`.
+    /// Why: `cancelled` (by the buyer), `payment_expired`, or the error code of a dead letter
+    /// an operator gave up (its purchase never became a live order).
     pub cancel_reason: Option<String>,
 }
 
@@ -102,8 +110,9 @@ pub async fn record(
         Ok(None) => {
             // A unique key matched: this purchase, or another live order of this user for
             // this product, is already recorded. "Already done", not an error.
-            let existing: Option<i64> = sqlx::query_scalar(
-                "SELECT id FROM orders WHERE request_id = $1 \
+            let existing: Option<(i64, bool)> = sqlx::query_as(
+                "SELECT id, request_id = $1 AND status = 'cancelled' FROM orders \
+                 WHERE request_id = $1 \
                  OR (user_id = $2 AND product_id = $3 AND status <> 'cancelled') \
                  ORDER BY (request_id = $1) DESC LIMIT 1",
             )
@@ -114,7 +123,8 @@ pub async fn record(
             .await?;
             tx.rollback().await?;
             return match existing {
-                Some(order_id) => Ok(Recorded::Duplicate { order_id }),
+                Some((order_id, true)) => Ok(Recorded::Cancelled { order_id }),
+                Some((order_id, false)) => Ok(Recorded::Duplicate { order_id }),
                 // The conflicting row was cancelled in between; let the retry decide.
                 None => Err(sqlx::Error::Protocol("conflicting order vanished".into())),
             };
@@ -254,10 +264,12 @@ async fn try_batch(
         .iter()
         .filter(|m| !created.contains_key(&m.request_id))
         .collect();
-    let mut existing: std::collections::HashMap<uuid::Uuid, i64> = Default::default();
+    // request id → (existing order, whether it is this very purchase, cancelled)
+    let mut existing: std::collections::HashMap<uuid::Uuid, (i64, bool)> = Default::default();
     if !skipped.is_empty() {
-        let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-            "SELECT DISTINCT ON (m.request_id) m.request_id, o.id \
+        let rows: Vec<(uuid::Uuid, i64, bool)> = sqlx::query_as(
+            "SELECT DISTINCT ON (m.request_id) m.request_id, o.id, \
+                    o.request_id = m.request_id AND o.status = 'cancelled' \
              FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS m(request_id, user_id, product_id) \
              JOIN orders o ON o.request_id = m.request_id \
                OR (o.user_id = m.user_id AND o.product_id = m.product_id AND o.status <> 'cancelled') \
@@ -268,7 +280,10 @@ async fn try_batch(
         .bind(skipped.iter().map(|m| m.product_id).collect::<Vec<_>>())
         .fetch_all(&mut *tx)
         .await?;
-        existing.extend(rows);
+        existing.extend(
+            rows.into_iter()
+                .map(|(request, id, gone)| (request, (id, gone))),
+        );
     }
     let mut outcomes = Vec::with_capacity(msgs.len());
     let mut first_seen = std::collections::HashSet::new();
@@ -278,7 +293,8 @@ async fn try_batch(
             Some(&order_id) if first_seen.insert(msg.request_id) => Recorded::Created { order_id },
             Some(&order_id) => Recorded::Duplicate { order_id },
             None => match existing.get(&msg.request_id) {
-                Some(&order_id) => Recorded::Duplicate { order_id },
+                Some(&(order_id, true)) => Recorded::Cancelled { order_id },
+                Some(&(order_id, false)) => Recorded::Duplicate { order_id },
                 // Its conflicting order vanished (cancelled meanwhile): decide it alone.
                 None => {
                     tx.rollback().await?;

@@ -542,8 +542,11 @@ impl Redriver {
 
 /// Gives up the pending or quarantined entries of `selection` for good. Each one whose
 /// purchase never became an order and whose unit was taken in Redis (the body parsed, the
-/// product exists) gets a compensation in the same transaction: its unit goes back on sale
-/// and its buyer's result becomes `failed:<error code>`.
+/// product exists) gets, in the same transaction, a cancelled order in its name (see
+/// [`tombstones`]) and a compensation: its buyer's result becomes `failed:<error code>` and
+/// its unit goes back on sale — unless the database refused it for want of stock
+/// (`out_of_stock`), when Redis had offered a unit the database never had, and returning it
+/// would offer it again: then the buyer is released but no unit is returned.
 pub async fn ignore(
     db: &PgPool,
     selection: &Selection,
@@ -566,15 +569,15 @@ pub async fn ignore(
         .bind(operator)
         .fetch_all(&mut *tx)
         .await?;
+        let given_up = tombstones(&mut tx, &ignored).await?;
         let compensated = sqlx::query(
-            "INSERT INTO compensations (event_id, user_id, product_id, reason) \
-             SELECT d.event_id, d.user_id, d.product_id, d.error_code FROM dead_letters d \
-             WHERE d.event_id = ANY($1) AND d.user_id IS NOT NULL \
-               AND EXISTS (SELECT 1 FROM products p WHERE p.id = d.product_id) \
-               AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.request_id::text = d.event_id) \
+            "INSERT INTO compensations (event_id, user_id, product_id, reason, restock) \
+             SELECT d.event_id, d.user_id, d.product_id, d.error_code, d.error_code <> $2 \
+             FROM dead_letters d WHERE d.event_id = ANY($1) \
              ON CONFLICT (event_id) DO NOTHING",
         )
-        .bind(&ignored)
+        .bind(&given_up)
+        .bind(OUT_OF_STOCK)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -597,6 +600,61 @@ pub async fn ignore(
         event_ids: ignored,
         compensated,
     })
+}
+
+/// The error code of a purchase the database refused for want of stock.
+const OUT_OF_STOCK: &str = "out_of_stock";
+
+/// Writes a cancelled order (reason: the entry's error code) for each purchase among
+/// `event_ids` whose body parses, whose product exists and that has no order yet; returns
+/// the event ids it wrote one for — exactly the purchases being given up.
+///
+/// The cancelled order is what makes giving up final: a copy of the purchase still on its
+/// way (in a retry tier, redriven a moment ago, or being written by a consumer right now)
+/// meets its request id already taken and becomes a no-op, instead of an order for a unit
+/// that is also going back on sale. The unique request id decides who came first, so a
+/// consumer that commits the order first wins, and then nothing is given up.
+async fn tombstones(
+    tx: &mut sqlx::PgConnection,
+    event_ids: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    let rows: Vec<(String, Vec<u8>, String)> = sqlx::query_as(
+        "SELECT event_id, body, error_code FROM dead_letters \
+         WHERE event_id = ANY($1) AND user_id IS NOT NULL",
+    )
+    .bind(event_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut purchases: Vec<(OrderMessage, String)> = rows
+        .into_iter()
+        .filter_map(|(event_id, body, code)| {
+            let msg: OrderMessage = serde_json::from_slice(&body).ok()?;
+            (msg.request_id.to_string() == event_id).then_some((msg, code))
+        })
+        .collect();
+    // The order in which the consumer inserts (orders::record_batch): no deadlock with it.
+    purchases.sort_by_key(|(m, _)| (m.user_id, m.product_id, m.request_id));
+    let column =
+        |f: fn(&(OrderMessage, String)) -> i64| purchases.iter().map(f).collect::<Vec<_>>();
+    sqlx::query_scalar(
+        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, \
+                             status, cancelled_at, cancel_reason) \
+         SELECT m.request_id, m.user_id, m.product_id, m.price_cents, m.accepted_at, \
+                'cancelled', now(), m.reason \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[], \
+                     $6::text[]) AS m(request_id, user_id, product_id, price_cents, accepted_at, reason) \
+         WHERE EXISTS (SELECT 1 FROM products p WHERE p.id = m.product_id) \
+         ORDER BY m.user_id, m.product_id, m.request_id \
+         ON CONFLICT DO NOTHING RETURNING request_id::text",
+    )
+    .bind(purchases.iter().map(|(m, _)| m.request_id).collect::<Vec<_>>())
+    .bind(column(|(m, _)| m.user_id))
+    .bind(column(|(m, _)| m.product_id))
+    .bind(column(|(m, _)| m.price_cents))
+    .bind(purchases.iter().map(|(m, _)| m.created_at).collect::<Vec<_>>())
+    .bind(purchases.iter().map(|(_, code)| code.clone()).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await
 }
 
 /// Releases quarantined entries of `selection`: pending again, redrive count reset.

@@ -314,8 +314,34 @@ async fn redis_view(
     (remaining, marker, result, flag)
 }
 
+/// Waits until every compensation is relayed.
+async fn compensations_done(app: &TestApp) {
+    eventually("compensations relayed", Duration::from_secs(10), || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM compensations WHERE done_at IS NULL")
+                .fetch_one(&app.db)
+                .await
+                .expect("count");
+        (pending == 0).then_some(())
+    })
+    .await;
+}
+
+/// (live orders, cancelled orders) of `product`.
+async fn orders_by_state(app: &TestApp, product: i64) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status <> 'cancelled'), \
+                count(*) FILTER (WHERE status = 'cancelled') \
+         FROM orders WHERE product_id = $1",
+    )
+    .bind(product)
+    .fetch_one(&app.db)
+    .await
+    .expect("orders")
+}
+
 #[tokio::test]
-async fn ignoring_a_dead_letter_puts_its_unit_back_on_sale_exactly_once() {
+async fn ignoring_an_out_of_stock_dead_letter_releases_its_buyer_without_a_phantom_unit() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
         s.compensation_poll_ms = 50;
     })
@@ -350,47 +376,101 @@ async fn ignoring_a_dead_letter_puts_its_unit_back_on_sale_exactly_once() {
     .await;
     assert_eq!(dry["compensated"], 0);
     assert_eq!(
-        redis_view(&app, product, 2).await.0,
-        0,
-        "a dry run returns nothing"
+        orders_by_state(&app, product).await,
+        (1, 0),
+        "a dry run writes nothing"
     );
 
     let ignored = report(&app, &format!("{}/ignore", parked[0].0), json!({})).await;
     assert_eq!(ids(&ignored), [second.request_id.to_string()]);
     assert_eq!(ignored["compensated"], 1);
-    let view = eventually("the unit is back", Duration::from_secs(10), || async {
-        let view = redis_view(&app, product, 2).await;
-        (view.0 == 1).then_some(view)
-    })
-    .await;
+    compensations_done(&app).await;
+    // The unit it took in Redis never existed in the database: it stays gone. The buyer is
+    // released and told why.
+    let view = redis_view(&app, product, 2).await;
+    assert_eq!(view.0, 0, "no phantom unit goes back on sale");
     assert_eq!(view.1, None, "the buyer may buy again");
     assert_eq!(view.2.as_deref(), Some("failed:out_of_stock"));
-    assert_eq!(view.3, None, "the sold-out flag is down");
+    assert_eq!(view.3.as_deref(), Some("1"), "still sold out");
     assert_eq!(statuses(&app).await, ["ignored"]);
 
     // Ignoring again does nothing; a relay that ran again (a crash before it recorded its
-    // success) does not return the unit twice.
+    // success) changes nothing either.
     let again = report(&app, "ignore", json!({ "ids": [parked[0].0] })).await;
     assert!(ids(&again).is_empty());
     sqlx::query("UPDATE compensations SET done_at = NULL")
         .execute(&app.db)
         .await
         .expect("replay");
-    eventually("the replay is done", Duration::from_secs(10), || async {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM compensations WHERE done_at IS NULL")
-                .fetch_one(&app.db)
-                .await
-                .expect("count");
-        (pending == 0).then_some(())
-    })
-    .await;
-    assert_eq!(redis_view(&app, product, 2).await.0, 1, "returned once");
+    compensations_done(&app).await;
+    assert_eq!(redis_view(&app, product, 2).await.0, 0);
+    // A late copy of the given-up purchase is a no-op, not a second dead letter.
+    app.publish(&second).await;
+    app.stop_when_drained().await;
+    assert_eq!(orders_by_state(&app, product).await, (1, 1));
+    assert_eq!(app.parked().await.len(), 1);
+    assert_eq!(app.stock_remaining(product).await, 0);
     // The first buyer's order stands.
     assert_eq!(
         redis_view(&app, product, 1).await.1,
         Some(format!("h:{}", first.request_id))
     );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_copy_arriving_after_its_dead_letter_was_ignored_does_not_resell_the_returned_unit() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        s.compensation_poll_ms = 50;
+    })
+    .await;
+    // One unit, sold in Redis to user 7, whose purchase ran out of retries (its copy is
+    // parked) while another copy still waits in a retry tier.
+    let product = app.product(1).await;
+    let purchase = app.message(product, 7);
+    sold_in_redis(&app, product, &[(7, purchase.request_id.to_string())]).await;
+    sqlx::query(
+        "INSERT INTO dead_letters (event_id, user_id, product_id, body, error_code, last_error, \
+                                   attempts) \
+         VALUES ($1, $2, $3, $4, 'retries_exhausted', 'lock timeout', 5)",
+    )
+    .bind(purchase.request_id.to_string())
+    .bind(purchase.user_id)
+    .bind(product)
+    .bind(serde_json::to_vec(&purchase).expect("body"))
+    .execute(&app.db)
+    .await
+    .expect("park");
+
+    let ignored = report(
+        &app,
+        "ignore",
+        json!({ "ids": [purchase.request_id.to_string()] }),
+    )
+    .await;
+    assert_eq!(ignored["compensated"], 1);
+    compensations_done(&app).await;
+    let view = redis_view(&app, product, 7).await;
+    assert_eq!(view.0, 1, "the unit is back on sale");
+    assert_eq!(view.2.as_deref(), Some("failed:retries_exhausted"));
+    assert_eq!(
+        orders_by_state(&app, product).await,
+        (0, 1),
+        "given up for good"
+    );
+
+    // The copy from the retry tier arrives: it must not become an order, or the database
+    // would sell the unit Redis is offering again.
+    app.publish(&purchase).await;
     app.stop_when_drained().await;
+    assert_eq!(orders_by_state(&app, product).await, (0, 1));
+    assert_eq!(app.stock_remaining(product).await, 1);
+    let view = redis_view(&app, product, 7).await;
+    assert_eq!(
+        view.2.as_deref(),
+        Some("failed:retries_exhausted"),
+        "not overwritten"
+    );
+    assert_eq!(app.parked().await.len(), 1, "and not a new dead letter");
     app.shutdown().await;
 }
