@@ -86,12 +86,27 @@ async fn redrive(
     admin: AdminIdentity,
     JsonBody(selection): JsonBody<Selection>,
 ) -> Response {
-    answer(
+    // A large redrive is paced and can outlive the caller (the gateway's upstream timeout):
+    // run it in its own task, so a dropped request never cuts it between a publish and the
+    // commit that records it, and its audit row is always written.
+    let operator = operator(&admin);
+    let run = tokio::spawn(async move {
         state
             .redriver
-            .redrive(&state.db, &selection, &operator(&admin))
-            .await,
-    )
+            .redrive(&state.db, &selection, &operator)
+            .await
+    });
+    match run.await {
+        Ok(outcome) => answer(outcome),
+        Err(e) => {
+            tracing::error!(error = %e, "redrive task failed");
+            seckill_http::error_response(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+        }
+    }
 }
 
 async fn ignore(
@@ -120,9 +135,12 @@ pub struct DryRun {
 async fn ignore_one(
     State(state): State<AppState>,
     admin: AdminIdentity,
-    axum::extract::Path(event_id): axum::extract::Path<String>,
+    event_id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
     QueryParams(query): QueryParams<DryRun>,
 ) -> Response {
+    let Ok(axum::extract::Path(event_id)) = event_id else {
+        return error_response(StatusCode::BAD_REQUEST, "invalid_request", "bad event id");
+    };
     let selection = Selection {
         ids: vec![event_id],
         dry_run: query.dry_run,
@@ -144,7 +162,7 @@ fn answer(result: Result<parking::Report, ParkingError>) -> Response {
 
 fn failed(e: ParkingError) -> Response {
     match e {
-        ParkingError::Unbounded => {
+        ParkingError::Unbounded | ParkingError::Invalid(_) => {
             error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
         }
         ParkingError::Database(_) | ParkingError::Publish { .. } => {

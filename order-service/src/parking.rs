@@ -117,6 +117,26 @@ impl Selection {
             || self.to.is_some()
     }
 
+    /// Refuses a selection that names nothing or that no entry could match sensibly.
+    pub fn check(&self) -> Result<(), ParkingError> {
+        if !self.is_bounded() {
+            return Err(ParkingError::Unbounded);
+        }
+        // Event ids are request ids (UUIDs) or hex digests.
+        let plain = |id: &String| id.len() <= 128 && seckill_http::is_plain_token(id.as_bytes());
+        if !self.ids.iter().all(plain) {
+            return Err(ParkingError::Invalid(
+                "ids must be event ids (letters, digits, '-', at most 128 characters)",
+            ));
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to)
+            && from >= to
+        {
+            return Err(ParkingError::Invalid("from must be before to"));
+        }
+        Ok(())
+    }
+
     fn limit(&self) -> i64 {
         self.limit.unwrap_or(MAX_SELECTION).clamp(1, MAX_SELECTION)
     }
@@ -145,6 +165,9 @@ pub enum ParkingError {
     /// The selection names nothing.
     #[error("name entries by ids, product_id or a from/to window")]
     Unbounded,
+    /// The selection is malformed.
+    #[error("{0}")]
+    Invalid(&'static str),
     /// Postgres failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
@@ -417,9 +440,7 @@ impl Redriver {
         selection: &Selection,
         operator: &str,
     ) -> Result<Report, ParkingError> {
-        if !selection.is_bounded() {
-            return Err(ParkingError::Unbounded);
-        }
+        selection.check()?;
         let candidates = select_ids(db, selection, &["pending"]).await?;
         let mut done = Vec::new();
         let outcome = if selection.dry_run || candidates.is_empty() {
@@ -552,9 +573,7 @@ pub async fn ignore(
     selection: &Selection,
     operator: &str,
 ) -> Result<Report, ParkingError> {
-    if !selection.is_bounded() {
-        return Err(ParkingError::Unbounded);
-    }
+    selection.check()?;
     let ids = select_ids(db, selection, &["pending", "quarantined"]).await?;
     let mut tx = db.begin().await?;
     let (ignored, compensated) = if selection.dry_run {
@@ -663,9 +682,7 @@ pub async fn clear(
     selection: &Selection,
     operator: &str,
 ) -> Result<Report, ParkingError> {
-    if !selection.is_bounded() {
-        return Err(ParkingError::Unbounded);
-    }
+    selection.check()?;
     let ids = select_ids(db, selection, &["quarantined"]).await?;
     let mut tx = db.begin().await?;
     let cleared = if selection.dry_run {
@@ -726,6 +743,44 @@ mod tests {
             ..Selection::default()
         };
         assert_eq!(huge.limit(), MAX_SELECTION);
+    }
+
+    #[test]
+    fn a_selection_with_a_malformed_id_or_an_empty_window_is_refused() {
+        let ids = |ids: &[&str]| Selection {
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+            ..Selection::default()
+        };
+        assert!(
+            ids(&["0193c2a4-7d1e-7f00-9c1a-1b2c3d4e5f60", "ab12"])
+                .check()
+                .is_ok()
+        );
+        for bad in ["a\0b", "", "has space", &"x".repeat(129)] {
+            assert!(
+                matches!(ids(&[bad]).check(), Err(ParkingError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            Selection::default().check(),
+            Err(ParkingError::Unbounded)
+        ));
+        let now = Utc::now();
+        let window = |from, to| Selection {
+            from: Some(from),
+            to: Some(to),
+            ..Selection::default()
+        };
+        assert!(
+            window(now - chrono::Duration::hours(1), now)
+                .check()
+                .is_ok()
+        );
+        assert!(matches!(
+            window(now, now).check(),
+            Err(ParkingError::Invalid(_))
+        ));
     }
 
     #[test]

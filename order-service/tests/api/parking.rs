@@ -91,6 +91,18 @@ async fn poison_messages_are_parked_and_after_the_fix_a_redrive_makes_each_one_o
     assert_eq!(body["code"], "invalid_request");
     let typo = admin_post(&app, "redrive", json!({ "product": missing })).await;
     assert_eq!(typo.status(), 400, "unknown fields are refused");
+    for (path, body) in [
+        ("ignore", json!({ "ids": ["a\u{0}b"] })),
+        (
+            "redrive",
+            json!({ "from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z" }),
+        ),
+    ] {
+        let refused = admin_post(&app, path, body).await;
+        assert_eq!(refused.status(), 400, "{path}");
+        let body: Value = refused.json().await.expect("json");
+        assert_eq!(body["code"], "invalid_request");
+    }
 
     // A dry run names them all and changes nothing.
     let dry = report(
