@@ -161,14 +161,24 @@ async fn an_unpaid_order_is_cancelled_after_the_payment_window() {
         "order_cancelled",
     )
     .await;
-    // Exactly one compensation, done.
-    let (count, done): (i64, i64) =
-        sqlx::query_as("SELECT count(*), count(done_at) FROM compensations WHERE product_id = $1")
-            .bind(product)
-            .fetch_one(&app.db)
-            .await
-            .expect("compensations");
-    assert_eq!((count, done), (1, 1));
+    // Exactly one compensation, done. The relay writes the buyer's result before it commits
+    // `done_at`, so the result showing up does not mean the row is marked yet: poll for it.
+    let compensations = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT count(*), count(done_at) FROM compensations WHERE product_id = $1",
+        )
+        .bind(product)
+        .fetch_one(&app.db)
+        .await
+        .expect("compensations")
+    };
+    eventually(
+        "the compensation is marked done",
+        Duration::from_secs(10),
+        || async { (compensations().await.1 > 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(compensations().await, (1, 1));
     app.stop_when_drained().await;
     app.shutdown().await;
 }
