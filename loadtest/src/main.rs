@@ -127,10 +127,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     // Both stores first: a dead dependency should stop the run before any traffic.
     let probe = Probe::connect(&args.database_url, &args.redis_url, &args.namespace).await?;
     let client = burst::client(concurrency)?;
-    let first = |list: &str| list.split(',').next().unwrap_or("").to_owned();
     let minter = TokenMinter::new(&args.jwt_secret)
-        .issuer(&first(&args.jwt_issuer))
-        .audience(&first(&args.jwt_audience));
+        .issuer(&args.jwt_issuer)
+        .audience(&args.jwt_audience);
 
     let product_id = match args.product_id {
         Some(id) => {

@@ -331,15 +331,16 @@ impl TokenMinter {
         }
     }
 
-    /// Puts `iss` in every token (none when empty).
-    pub fn issuer(mut self, issuer: &str) -> Self {
-        self.issuer = Some(issuer.trim().to_owned()).filter(|i| !i.is_empty());
+    /// Puts `iss` in every token: the first of `issuers`, a comma-separated list as the
+    /// gateway's settings take it (none when empty).
+    pub fn issuer(mut self, issuers: &str) -> Self {
+        self.issuer = first_of(issuers);
         self
     }
 
-    /// Puts `aud` in every token (none when empty).
-    pub fn audience(mut self, audience: &str) -> Self {
-        self.audience = Some(audience.trim().to_owned()).filter(|a| !a.is_empty());
+    /// Puts `aud` in every token: the first of `audiences`, as for [`Self::issuer`].
+    pub fn audience(mut self, audiences: &str) -> Self {
+        self.audience = first_of(audiences);
         self
     }
 
@@ -361,6 +362,12 @@ impl TokenMinter {
         encode(&Header::new(Algorithm::HS256), &minted, &self.key)
             .expect("HS256 encoding of plain claims cannot fail")
     }
+}
+
+/// The first entry of a comma-separated list, trimmed; none when it is empty.
+fn first_of(list: &str) -> Option<String> {
+    let first = list.split(',').next().unwrap_or("").trim();
+    (!first.is_empty()).then(|| first.to_owned())
 }
 
 /// Mints an HS256 token for `user_id` valid for `ttl_secs`, without `iss` or `aud`

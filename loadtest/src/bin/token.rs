@@ -40,8 +40,8 @@ fn main() -> std::io::Result<()> {
     let args = Args::parse();
     let roles: &[&str] = if args.admin { &["admin"] } else { &[] };
     let minter = seckill_auth::TokenMinter::new(&args.secret)
-        .issuer(first(&args.issuer))
-        .audience(first(&args.audience));
+        .issuer(&args.issuer)
+        .audience(&args.audience);
     let mut out = BufWriter::new(std::io::stdout().lock());
     for offset in 0..args.count.unwrap_or(1) {
         let sub = args.sub + offset as i64;
@@ -49,9 +49,4 @@ fn main() -> std::io::Result<()> {
         writeln!(out, "{token}")?;
     }
     out.flush()
-}
-
-/// The first entry of a comma-separated list (the gateway accepts any of them).
-fn first(list: &str) -> &str {
-    list.split(',').next().unwrap_or("")
 }

@@ -116,9 +116,10 @@ fn time_claims_are_checked_with_the_leeway() {
 #[test]
 fn a_minter_with_issuer_and_audience_passes_a_verifier_that_requires_them() {
     let strict = verifier(&rules(&["https://idp.example"], &["seckill"]));
+    // The gateway's settings are comma-separated lists; the first entry is minted.
     let scoped = TokenMinter::new("s3cret")
-        .issuer("https://idp.example")
-        .audience(" seckill ");
+        .issuer("https://idp.example,https://other.example")
+        .audience(" seckill , spare");
     let (user, claims) = strict
         .verify(&scoped.mint(9, &["admin"], 60))
         .expect("scoped token");
