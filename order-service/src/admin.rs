@@ -100,8 +100,8 @@ async fn redrive(
         Ok(outcome) => answer(outcome),
         Err(e) => {
             tracing::error!(error = %e, "redrive task failed");
-            seckill_http::error_response(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "internal error",
             )

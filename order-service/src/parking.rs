@@ -122,9 +122,9 @@ impl Selection {
         if !self.is_bounded() {
             return Err(ParkingError::Unbounded);
         }
-        // Event ids are request ids (UUIDs) or hex digests.
-        let plain = |id: &String| id.len() <= 128 && seckill_http::is_plain_token(id.as_bytes());
-        if !self.ids.iter().all(plain) {
+        // Event ids are request ids (UUIDs) or hex digests: the rule for request ids.
+        let usable = |id: &String| seckill_http::layers::is_usable_request_id(id.as_bytes());
+        if !self.ids.iter().all(usable) {
             return Err(ParkingError::Invalid(
                 "ids must be event ids (letters, digits, '-', at most 128 characters)",
             ));

@@ -2,7 +2,7 @@
 
 use chrono::{Duration as ChronoDuration, Utc};
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
 use tokio_util::sync::CancellationToken;
 
 use order_service::{Application, Settings};
@@ -82,11 +82,11 @@ impl TestApp {
         }
     }
 
-    /// Publishes raw bytes the way the relay does, waiting for the broker's confirm.
-    pub async fn publish_raw(&self, body: &[u8], message_id: &str) {
+    /// Sends raw bytes the way the relay does (persistent, mandatory); the returned
+    /// confirm is checked by [`routed`].
+    async fn send(&self, body: &[u8], message_id: &str) -> PublisherConfirm {
         let topology = self.ns.topology();
-        let confirmation = self
-            .channel
+        self.channel
             .basic_publish(
                 topology.exchange.as_str().into(),
                 topology.routing_key.as_str().into(),
@@ -101,44 +101,22 @@ impl TestApp {
             )
             .await
             .expect("publish")
-            .await
-            .expect("confirm");
-        assert!(
-            matches!(confirmation, Confirmation::Ack(None)),
-            "not published and routed: {confirmation:?}"
-        );
+    }
+
+    /// Publishes raw bytes the way the relay does, waiting for the broker's confirm.
+    pub async fn publish_raw(&self, body: &[u8], message_id: &str) {
+        routed(self.send(body, message_id).await).await;
     }
 
     /// Publishes every message with all confirms in flight at once (a storm, not a trickle).
     pub async fn publish_many(&self, msgs: &[OrderMessage]) {
-        let topology = self.ns.topology();
         let mut confirms = Vec::with_capacity(msgs.len());
         for msg in msgs {
             let body = serde_json::to_vec(msg).expect("serialize");
-            let confirm = self
-                .channel
-                .basic_publish(
-                    topology.exchange.as_str().into(),
-                    topology.routing_key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &body,
-                    BasicProperties::default()
-                        .with_message_id(msg.request_id.to_string().as_str().into())
-                        .with_delivery_mode(2),
-                )
-                .await
-                .expect("publish");
-            confirms.push(confirm);
+            confirms.push(self.send(&body, &msg.request_id.to_string()).await);
         }
         for confirm in confirms {
-            let confirmation = confirm.await.expect("confirm");
-            assert!(
-                matches!(confirmation, Confirmation::Ack(None)),
-                "not published and routed: {confirmation:?}"
-            );
+            routed(confirm).await;
         }
     }
 
@@ -249,4 +227,13 @@ impl TestApp {
         self.db.close().await;
         self.ns.cleanup().await;
     }
+}
+
+/// Waits for `confirm` and asserts the broker took the message and routed it to a queue.
+async fn routed(confirm: PublisherConfirm) {
+    let confirmation = confirm.await.expect("confirm");
+    assert!(
+        matches!(confirmation, Confirmation::Ack(None)),
+        "not published and routed: {confirmation:?}"
+    );
 }
