@@ -1,5 +1,7 @@
 //! Gateway settings: `SECKILL_*` shared with the other services, `SECKILL_GATEWAY_*` its own.
 
+use std::num::NonZeroUsize;
+
 use serde::{Deserialize, Serialize};
 
 use seckill_auth::JwtAlgorithm;
@@ -18,6 +20,8 @@ pub struct Settings {
     pub host: String,
     /// Port to bind; 0 picks a free one (tests).
     pub port: u16,
+    /// Threads serving connections, each a single-threaded runtime; 0: the available cores.
+    pub workers: usize,
     /// The only algorithm user tokens may be signed with: `HS256`, `RS256` or `EdDSA`.
     pub jwt_algorithm: JwtAlgorithm,
     /// HS256 secret of user tokens (unused with RS256/EdDSA).
@@ -42,7 +46,7 @@ pub struct Settings {
     pub upstream_eject_ms: u64,
     /// Deadline to open a connection to a replica, milliseconds; beyond it the next is tried.
     pub upstream_connect_timeout_ms: u64,
-    /// Deadline for a replica's response head, milliseconds (504 beyond it, no retry).
+    /// Deadline for a replica's whole answer, milliseconds (504 beyond it, no retry).
     pub upstream_request_timeout_ms: u64,
     /// Requests in flight at once; beyond it the gateway sheds load with a fast 503.
     pub max_in_flight: usize,
@@ -87,6 +91,7 @@ impl Default for Settings {
         Self {
             host: "0.0.0.0".into(),
             port: 8080,
+            workers: 0,
             jwt_algorithm: JwtAlgorithm::HS256,
             jwt_secret: DEV_JWT_SECRET.into(),
             jwt_public_key_pem: String::new(),
@@ -137,6 +142,13 @@ impl Settings {
         split_list(&self.order_service_urls)
     }
 
+    /// How many threads serve connections: `workers`, or one per available core.
+    pub fn worker_threads(&self) -> NonZeroUsize {
+        NonZeroUsize::new(self.workers)
+            .or_else(|| std::thread::available_parallelism().ok())
+            .unwrap_or(NonZeroUsize::MIN)
+    }
+
     /// The parsed `trusted_proxies`.
     pub fn trusted_proxy_list(&self) -> Result<TrustedProxies, String> {
         TrustedProxies::parse(&self.trusted_proxies)
@@ -171,8 +183,10 @@ impl Validate for Settings {
             .iter()
             .chain(&self.order_service_upstreams())
         {
-            if !url.starts_with("http://") {
-                return Err(format!("upstream {url:?} must be an http:// URL"));
+            if crate::proxy::upstream::base_authority(url).is_none() {
+                return Err(format!(
+                    "upstream {url:?} must be an http://host[:port] URL"
+                ));
             }
         }
         if self.seckill_api_upstreams().is_empty() || self.order_service_upstreams().is_empty() {

@@ -2,7 +2,9 @@
 
 use gateway::{Application, Settings};
 
-#[tokio::main]
+// Connections are served on worker threads of their own (`serve`); this runtime only accepts
+// and runs housekeeping.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("gateway")?;
     seckill_telemetry::init_tracing("gateway", &settings.log_filter, &settings.log_format);

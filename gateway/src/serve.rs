@@ -1,11 +1,19 @@
-//! The gateway's accept loop: `axum::serve` with bounded request heads.
+//! The gateway's accept loop: `axum::serve` with bounded request heads, and connections
+//! spread over one single-threaded runtime per core.
 //!
 //! `axum::serve` does not expose hyper's HTTP/1 settings, and the public door needs them:
 //! a request whose line and headers exceed `max_header_bytes`, or that has more than
 //! `max_headers` headers, is answered `431 Request Header Fields Too Large` by hyper and the
 //! connection closed, before any of it is buffered further or reaches a handler. A client
 //! that trickles its headers is cut off after hyper's 30 s header read timeout.
+//!
+//! Thread per core, as nginx runs: one thread accepts and hands each connection, in turn,
+//! to one of `workers` threads, each running a current-thread runtime. A connection and
+//! every request on it then stay on one thread, with that thread's upstream connections
+//! (see `proxy::pool`): no work stealing and no cross-thread wake-up on the hot path, which
+//! on a multi-threaded runtime cost more CPU per request than a second thread gave back.
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use axum::Router;
@@ -14,7 +22,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -30,15 +39,59 @@ pub struct HeadLimits {
 /// How long in-flight requests may take to finish once shutdown began.
 const DRAIN: Duration = Duration::from_secs(30);
 
+/// Threads that each run a current-thread runtime until stopped.
+struct Workers {
+    handles: Vec<Handle>,
+    next: usize,
+    stop: CancellationToken,
+}
+
+impl Workers {
+    fn start(count: NonZeroUsize) -> std::io::Result<Self> {
+        let stop = CancellationToken::new();
+        let mut handles = Vec::with_capacity(count.get());
+        for index in 0..count.get() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("gateway-worker-{index}"))
+                .spawn(move || runtime.block_on(stop.cancelled()))?;
+        }
+        Ok(Self {
+            handles,
+            next: 0,
+            stop,
+        })
+    }
+
+    /// The runtime for the next connection: the workers in turn.
+    fn next(&mut self) -> &Handle {
+        self.next = (self.next + 1) % self.handles.len();
+        &self.handles[self.next]
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
 /// Serves `router` on `listener` until SIGINT/SIGTERM or `cancel`, then stops accepting and
 /// lets in-flight requests finish. Cancels `cancel` on the way out. Peer addresses are
-/// available to handlers as `ConnectInfo<SocketAddr>`.
+/// available to handlers as `ConnectInfo<SocketAddr>`. Connections are served on `workers`
+/// threads of their own.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     cancel: CancellationToken,
     limits: HeadLimits,
+    workers: NonZeroUsize,
 ) -> std::io::Result<()> {
+    let mut workers = Workers::start(workers)?;
     tokio::spawn(seckill_http::shutdown::cancel_on_signal(cancel.clone()));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -59,15 +112,32 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        // Registered again with the reactor of the runtime that serves it.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "could not hand the connection over");
+                continue;
+            }
+        };
         let router = router.clone();
-        // The router for this connection, with the peer address in every request.
-        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            router.clone().oneshot(request)
-        });
-        let connection = http.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        let http = http.clone();
+        let watcher = graceful.watcher();
+        workers.next().spawn(async move {
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "could not register the connection");
+                    return;
+                }
+            };
+            // The router for this connection, with the peer address in every request.
+            let service =
+                hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    router.clone().oneshot(request)
+                });
+            let connection = watcher.watch(http.serve_connection(TokioIo::new(stream), service));
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
@@ -80,6 +150,7 @@ pub async fn serve(
     {
         tracing::warn!("connections still open after the drain period");
     }
+    drop(workers);
     cancel.cancel();
     tracing::info!("http server stopped");
     Ok(())

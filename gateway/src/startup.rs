@@ -8,9 +8,6 @@ use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::handler::Handler;
 use axum::middleware;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
@@ -20,7 +17,7 @@ use seckill_http::ops::{self, Probe};
 
 use crate::Settings;
 use crate::auth::{self, Gate};
-use crate::proxy::{self, ProxyState, UpstreamClient, Upstreams};
+use crate::proxy::{self, PoolSettings, ProxyState, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve::{self, HeadLimits};
 
@@ -32,20 +29,16 @@ pub struct Application {
     router: Router,
     cancel: CancellationToken,
     limits: HeadLimits,
+    workers: std::num::NonZeroUsize,
 }
 
 impl Application {
     /// Builds the proxy state and binds the port. Upstreams need not be up yet.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_millis(
-            settings.upstream_connect_timeout_ms,
-        )));
-        let client: UpstreamClient = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
+        let pool = PoolSettings {
+            connect_timeout: Duration::from_millis(settings.upstream_connect_timeout_ms),
+            ..PoolSettings::default()
+        };
         let trusted_proxies = Arc::new(settings.trusted_proxy_list().map_err(anyhow::Error::msg)?);
         let eject_for = Duration::from_millis(settings.upstream_eject_ms);
         let state = ProxyState {
@@ -54,13 +47,14 @@ impl Application {
                 "seckill-api",
                 settings.seckill_api_upstreams(),
                 eject_for,
+                pool,
             )),
             order_service: Arc::new(Upstreams::new(
                 "order-service",
                 settings.order_service_upstreams(),
                 eject_for,
+                pool,
             )),
-            client,
             upstream_timeout: Duration::from_millis(settings.upstream_request_timeout_ms),
             max_body_bytes: settings.max_body_bytes,
             trusted_proxies: trusted_proxies.clone(),
@@ -107,6 +101,7 @@ impl Application {
                 max_header_bytes: settings.max_header_bytes,
                 max_headers: settings.max_headers,
             },
+            workers: settings.worker_threads(),
         })
     }
 
@@ -123,9 +118,15 @@ impl Application {
     /// Serves until SIGINT/SIGTERM or the shutdown token, letting in-flight requests finish.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         tracing::info!(port = self.port, "gateway listening");
-        serve::serve(self.listener, self.router, self.cancel, self.limits)
-            .await
-            .context("serve http")?;
+        serve::serve(
+            self.listener,
+            self.router,
+            self.cancel,
+            self.limits,
+            self.workers,
+        )
+        .await
+        .context("serve http")?;
         tracing::info!("gateway stopped");
         Ok(())
     }
@@ -133,13 +134,19 @@ impl Application {
 
 /// Ready when one replica of each upstream answers `/healthz`.
 fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
-    let probe = |base: String, client: UpstreamClient| -> Probe {
+    let probe = |upstreams: Arc<Upstreams>| -> Probe {
         Arc::new(move || {
-            let url = format!("{base}/healthz");
-            let client = client.clone();
+            let upstreams = upstreams.clone();
             Box::pin(async move {
-                let uri = url.parse().map_err(|e| format!("{e}"))?;
-                let response = client.get(uri).await.map_err(|e| e.to_string())?;
+                let request = axum::http::Request::get("/healthz")
+                    .body(http_body_util::Full::default())
+                    .map_err(|e| e.to_string())?;
+                let response = upstreams
+                    .first()
+                    .pool()
+                    .exchange(request)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if response.status().is_success() {
                     Ok(())
                 } else {
@@ -149,16 +156,7 @@ fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
         })
     };
     vec![
-        (
-            "seckill-api",
-            probe(state.seckill_api.first().to_string(), state.client.clone()),
-        ),
-        (
-            "order-service",
-            probe(
-                state.order_service.first().to_string(),
-                state.client.clone(),
-            ),
-        ),
+        ("seckill-api", probe(state.seckill_api.clone())),
+        ("order-service", probe(state.order_service.clone())),
     ]
 }

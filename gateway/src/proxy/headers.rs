@@ -8,14 +8,16 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::client_ip::TrustedProxies;
 
-/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 7] = [
+/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1). Bodies are
+/// read whole before they are forwarded, so each hop frames its own (`Content-Length`).
+const HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("connection"),
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-authenticate"),
     HeaderName::from_static("proxy-authorization"),
     HeaderName::from_static("te"),
     HeaderName::from_static("trailer"),
+    HeaderName::from_static("transfer-encoding"),
     HeaderName::from_static("upgrade"),
 ];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

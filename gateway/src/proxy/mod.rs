@@ -1,24 +1,25 @@
 //! The reverse proxy: which service owns a path, which replica gets the request, and the
 //! forwarding itself.
 //!
-//! Layout: [`upstream`] — replicas, round-robin, passive ejection; [`headers`] — what the
-//! gateway adds to and removes from forwarded headers (`X-Forwarded-*`, `traceparent`).
+//! Layout: [`upstream`] — replicas, round-robin, passive ejection; [`pool`] — each
+//! replica's keep-alive connections, driven by the request that holds one; [`headers`] —
+//! what the gateway adds to and removes from forwarded headers (`X-Forwarded-*`,
+//! `traceparent`).
 
 pub mod headers;
+pub mod pool;
 pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use tracing::Instrument;
 
 use seckill_auth::IdentitySigner;
@@ -28,10 +29,8 @@ use seckill_http::layers::RouteLabel;
 use crate::auth::{self, AuthFailure, Caller};
 use crate::client_ip::TrustedProxies;
 
+pub use pool::{ExchangeError, PoolSettings};
 pub use upstream::Upstreams;
-
-/// The pooled keep-alive HTTP/1 client used for every upstream.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 /// What the proxy handler needs.
 #[derive(Clone, Debug)]
@@ -42,9 +41,7 @@ pub struct ProxyState {
     pub seckill_api: Arc<Upstreams>,
     /// order-service replicas.
     pub order_service: Arc<Upstreams>,
-    /// The shared client.
-    pub client: UpstreamClient,
-    /// Deadline for one replica's response head; the request may have reached it, so a
+    /// Deadline for one replica's whole answer; the request may have reached it, so a
     /// timeout is answered 504, never retried elsewhere.
     pub upstream_timeout: Duration,
     /// Largest accepted body.
@@ -152,42 +149,48 @@ async fn forward_to(
         .signer
         .sign_into(&mut headers, caller.user_id, &caller.roles);
 
-    let path_and_query = parts
+    let mut request = hyper::Request::new(Full::new(body));
+    *request.method_mut() = parts.method;
+    *request.uri_mut() = parts
         .uri
         .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
+        .cloned()
+        .map_or_else(|| Uri::from_static("/"), Uri::from);
+    *request.headers_mut() = headers;
     let span = tracing::info_span!("proxy", trace_id = %trace_id, user_id = caller.user_id);
     async move {
         for replica in upstreams.rotation() {
             let base = replica.base();
-            let Ok(uri) = format!("{base}{path_and_query}").parse::<Uri>() else {
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "bad request URI",
-                );
-            };
-            let mut upstream_request = hyper::Request::new(Full::new(body.clone()));
-            *upstream_request.method_mut() = parts.method.clone();
-            *upstream_request.uri_mut() = uri;
-            *upstream_request.headers_mut() = headers.clone();
-            let sent = state.client.request(upstream_request);
-            match tokio::time::timeout(state.upstream_timeout, sent).await {
+            match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request))
+                .await
+            {
                 Ok(Ok(upstream_response)) => {
                     let (mut parts, body) = upstream_response.into_parts();
                     headers::strip_hop_by_hop(&mut parts.headers);
-                    return Response::from_parts(parts, Body::new(body));
+                    return Response::from_parts(parts, Body::from(body));
                 }
                 // Nothing reached the replica: safe to try the next one, even for a purchase.
-                Ok(Err(e)) if e.is_connect() => {
-                    tracing::warn!(upstream = base, error = %e, "upstream refused connection");
+                Ok(Err(ExchangeError::Connect {
+                    reason,
+                    request: unsent,
+                })) => {
+                    tracing::warn!(upstream = base, error = %reason, "upstream refused connection");
                     upstream_error(upstreams, "connect");
                     upstreams.eject(replica);
+                    request = *unsent;
+                }
+                Ok(Err(ExchangeError::TooLarge(limit))) => {
+                    tracing::warn!(upstream = base, limit, "upstream answer too large");
+                    upstream_error(upstreams, "too_large");
+                    return error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "bad_gateway",
+                        "the upstream answer was too large",
+                    );
                 }
                 // The request may have reached the replica: never retry (a purchase must not
                 // be sent twice by us).
-                Ok(Err(e)) => {
+                Ok(Err(ExchangeError::Failed(e))) => {
                     tracing::warn!(upstream = base, error = %e, "upstream request failed");
                     upstream_error(upstreams, "request");
                     return error_response(

@@ -8,19 +8,52 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// One replica's base URL and how long it is ejected for.
+use axum::http::Uri;
+use axum::http::uri::Authority;
+
+use super::pool::{Pool, PoolSettings};
+
+/// One replica: its address, its connections and how long it is ejected for.
 #[derive(Debug)]
 pub struct Replica {
     base: String,
+    pool: Pool,
     /// Milliseconds since [`Upstreams::epoch`] until which the replica is skipped; 0: never.
     ejected_until_ms: AtomicU64,
 }
 
 impl Replica {
+    /// A replica at `base`, an `http://host[:port]` URL ([`base_authority`]).
+    fn new(base: &str, pool: PoolSettings) -> Self {
+        let base = base.trim_end_matches('/').to_string();
+        // Settings::validate refused bases without one; a hand-built bad base gets a pool
+        // whose connects fail, so the replica is ejected, never used.
+        let authority = base_authority(&base).unwrap_or(Authority::from_static("invalid.:0"));
+        Self {
+            pool: Pool::new(&authority, pool),
+            base,
+            ejected_until_ms: AtomicU64::new(0),
+        }
+    }
+
     /// The base URL, e.g. `http://127.0.0.1:8081`.
     pub fn base(&self) -> &str {
         &self.base
     }
+
+    /// The replica's connections.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+/// The authority of an upstream base URL, if it is `http://host[:port]` (a path is allowed
+/// and ignored).
+pub fn base_authority(base: &str) -> Option<Authority> {
+    let uri: Uri = base.parse().ok()?;
+    (uri.scheme_str() == Some("http"))
+        .then(|| uri.authority().cloned())
+        .flatten()
 }
 
 /// The replicas of one service, picked round-robin.
@@ -35,16 +68,15 @@ pub struct Upstreams {
 }
 
 impl Upstreams {
-    /// Replicas of service `name` at `bases`; a replica that refuses a connection is skipped
-    /// for `eject_for` (zero: never skipped).
-    pub fn new(name: &'static str, bases: Vec<String>, eject_for: Duration) -> Self {
-        let replicas = bases
-            .into_iter()
-            .map(|b| Replica {
-                base: b.trim_end_matches('/').to_string(),
-                ejected_until_ms: AtomicU64::new(0),
-            })
-            .collect();
+    /// Replicas of service `name` at `bases`, connected to as `pool` says; a replica that
+    /// refuses a connection is skipped for `eject_for` (zero: never skipped).
+    pub fn new(
+        name: &'static str,
+        bases: Vec<String>,
+        eject_for: Duration,
+        pool: PoolSettings,
+    ) -> Self {
+        let replicas = bases.iter().map(|b| Replica::new(b, pool)).collect();
         Self {
             name,
             replicas,
@@ -60,8 +92,8 @@ impl Upstreams {
     }
 
     /// The first replica (readiness probes).
-    pub fn first(&self) -> &str {
-        &self.replicas[0].base
+    pub fn first(&self) -> &Replica {
+        &self.replicas[0]
     }
 
     fn now_ms(&self) -> u64 {
@@ -123,6 +155,7 @@ mod tests {
             "s",
             vec!["http://a".into(), "http://b/".into()],
             Duration::ZERO,
+            PoolSettings::default(),
         );
         assert_eq!(bases(&up), ["http://a", "http://b"]);
         assert_eq!(bases(&up), ["http://b", "http://a"]);
@@ -134,6 +167,7 @@ mod tests {
             "s",
             vec!["http://a".into(), "http://b".into()],
             Duration::from_millis(300),
+            PoolSettings::default(),
         );
         up.eject(&up.replicas[0]);
         for _ in 0..4 {
@@ -148,11 +182,41 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_is_reached_at_its_authority() {
+        let up = Upstreams::new(
+            "s",
+            vec![
+                "http://seckill-api:8081/".into(),
+                "http://127.0.0.1".into(),
+                "http://[::1]:9000".into(),
+            ],
+            Duration::ZERO,
+            PoolSettings::default(),
+        );
+        let seen: Vec<(&str, &str)> = up
+            .replicas
+            .iter()
+            .map(|r| (r.pool.address(), r.pool.host().to_str().expect("ascii")))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("seckill-api:8081", "seckill-api:8081"),
+                ("127.0.0.1:80", "127.0.0.1"),
+                ("[::1]:9000", "[::1]:9000"),
+            ]
+        );
+        assert_eq!(base_authority("https://a:1"), None);
+        assert_eq!(base_authority("127.0.0.1:8081"), None);
+    }
+
+    #[test]
     fn a_zero_period_never_ejects() {
         let up = Upstreams::new(
             "s",
             vec!["http://a".into(), "http://b".into()],
             Duration::ZERO,
+            PoolSettings::default(),
         );
         up.eject(&up.replicas[0]);
         assert!(!up.is_ejected(&up.replicas[0], up.now_ms()));
