@@ -175,6 +175,9 @@ impl Settings {
     }
 }
 
+/// The fastest quota a bucket can express: one request per microsecond.
+const MAX_RATE_PER_SEC: u32 = 1_000_000;
+
 impl Validate for Settings {
     fn validate(&self) -> Result<(), String> {
         self.validate_jwt()?;
@@ -203,6 +206,14 @@ impl Validate for Settings {
             return Err("max_header_bytes must be >= 1024 and max_headers >= 16".into());
         }
         self.trusted_proxy_list()?;
+        // Buckets count time in microseconds: a faster rate would be a zero interval.
+        if self.rate_purchase_per_sec > MAX_RATE_PER_SEC
+            || self.rate_default_per_sec > MAX_RATE_PER_SEC
+        {
+            return Err(format!(
+                "rate_purchase_per_sec and rate_default_per_sec must be at most {MAX_RATE_PER_SEC}"
+            ));
+        }
         if self.rate_limit_backend == RateLimitBackend::Redis {
             validate_namespace(&self.namespace)?;
             if self.rate_limit_redis_timeout_ms == 0 {
@@ -253,5 +264,27 @@ mod tests {
             ..Settings::default()
         };
         assert!(tiny.validate().is_err());
+    }
+
+    #[test]
+    fn a_rate_beyond_one_per_microsecond_is_refused_not_a_panic_at_start() {
+        let fastest = Settings {
+            rate_purchase_per_sec: MAX_RATE_PER_SEC,
+            rate_default_per_sec: MAX_RATE_PER_SEC,
+            ..Settings::default()
+        };
+        assert_eq!(fastest.validate(), Ok(()));
+        for too_fast in [
+            Settings {
+                rate_purchase_per_sec: MAX_RATE_PER_SEC + 1,
+                ..Settings::default()
+            },
+            Settings {
+                rate_default_per_sec: u32::MAX,
+                ..Settings::default()
+            },
+        ] {
+            assert!(too_fast.validate().is_err());
+        }
     }
 }
