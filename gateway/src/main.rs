@@ -2,6 +2,9 @@
 
 use gateway::{Application, Settings};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 // Connections are served on worker threads of their own (`serve`); this runtime only accepts
 // and runs housekeeping.
 #[tokio::main(flavor = "current_thread")]
