@@ -1,29 +1,22 @@
 //! Authentication at the door: bearer token → verified user id and roles.
 //!
-//! [`identify`] runs before the rate limiter and only records what it found (a [`Caller`] or
-//! an [`AuthFailure`], and the [`ClientIp`]), so a verified user is limited per user and
-//! everyone else — garbage tokens included — per client address. The proxy refuses the
-//! request afterwards if it needed a caller.
-
-use std::net::SocketAddr;
-use std::sync::Arc;
+//! [`authenticate`] only says what it found (a [`Caller`] or the reason there is none): the
+//! request path ([`crate::door`]) charges a verified user per user and everyone else —
+//! garbage tokens included — per client address, and refuses the request afterwards if its
+//! route needs a caller.
 
 use anyhow::Context;
-use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::Response;
 
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
 use seckill_config::split_list;
 use seckill_http::error_response;
-use seckill_http::layers::RouteLabel;
 
 use crate::Settings;
-use crate::client_ip::{ClientIp, TrustedProxies};
 
-/// A caller whose token verified (request extension).
+/// A caller whose token verified.
 #[derive(Debug, Clone)]
 pub struct Caller {
     /// The token's `sub`.
@@ -37,19 +30,6 @@ impl Caller {
     pub fn is_admin(&self) -> bool {
         self.roles.iter().any(|r| r == "admin")
     }
-}
-
-/// Why a request carries no [`Caller`] (request extension): a metric label, never sent.
-#[derive(Debug, Clone, Copy)]
-pub struct AuthFailure(pub &'static str);
-
-/// What [`identify`] needs.
-#[derive(Debug, Clone)]
-pub struct Gate {
-    /// Verifies user tokens.
-    pub verifier: JwtVerifier,
-    /// Whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Arc<TrustedProxies>,
 }
 
 /// The verifier the settings describe: algorithm, key (read from the file if named), rules.
@@ -71,34 +51,8 @@ pub fn verifier(settings: &Settings) -> anyhow::Result<JwtVerifier> {
     JwtVerifier::new(settings.jwt_algorithm, &key, &rules).context("jwt public key")
 }
 
-/// Records the client address and the outcome of the bearer token in the request
-/// extensions; refuses nothing itself.
-pub async fn identify(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
-    let label = crate::proxy::route_label(request.uri().path());
-    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
-        let ip = gate.trusted_proxies.client_ip(peer.ip(), request.headers());
-        request.extensions_mut().insert(ClientIp(ip));
-    }
-    match authenticate(&gate.verifier, request.headers()) {
-        Ok(caller) => {
-            request.extensions_mut().insert(caller);
-        }
-        Err(reason) => {
-            request.extensions_mut().insert(AuthFailure(reason));
-        }
-    }
-    let mut response = next.run(request).await;
-    // Answers made before the proxy (429s) still count under their upstream.
-    if response.extensions().get::<RouteLabel>().is_none()
-        && let Some(label) = label
-    {
-        response.extensions_mut().insert(RouteLabel(label));
-    }
-    response
-}
-
 /// Verifies the bearer token in `headers`; on failure, the reason for logs and metrics.
-fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Caller, &'static str> {
+pub fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Caller, &'static str> {
     let token = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

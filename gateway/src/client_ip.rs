@@ -12,10 +12,6 @@ use std::net::{IpAddr, SocketAddr};
 use axum::http::HeaderMap;
 use ipnet::IpNet;
 
-/// The client address the gateway settled on for a request (request extension).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ClientIp(pub IpAddr);
-
 /// The proxies in front of the gateway whose `X-Forwarded-For` entries are believed.
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies(Vec<IpNet>);

@@ -10,7 +10,8 @@
 //!
 //! Layout:
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`;
-//!   [`serve`] — the accept loop with request-head limits.
+//!   [`serve`] — the accept loop with request-head limits; [`door`] — the request path,
+//!   in order.
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
@@ -19,6 +20,7 @@
 pub mod auth;
 pub mod client_ip;
 pub mod config;
+pub mod door;
 pub mod proxy;
 pub mod ratelimit;
 pub mod serve;

@@ -1,5 +1,5 @@
-//! The gateway's accept loop: `axum::serve` with bounded request heads, and connections
-//! spread over one single-threaded runtime per core.
+//! The gateway's accept loop: hyper's HTTP/1 server with bounded request heads, and
+//! connections spread over one single-threaded runtime per core.
 //!
 //! `axum::serve` does not expose hyper's HTTP/1 settings, and the public door needs them:
 //! a request whose line and headers exceed `max_header_bytes`, or that has more than
@@ -14,10 +14,9 @@
 //! on a multi-threaded runtime cost more CPU per request than a second thread gave back.
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -25,7 +24,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+
+use crate::door::Door;
 
 /// Limits on a request's head.
 #[derive(Debug, Clone, Copy)]
@@ -80,13 +80,12 @@ impl Drop for Workers {
     }
 }
 
-/// Serves `router` on `listener` until SIGINT/SIGTERM or `cancel`, then stops accepting and
-/// lets in-flight requests finish. Cancels `cancel` on the way out. Peer addresses are
-/// available to handlers as `ConnectInfo<SocketAddr>`. Connections are served on `workers`
-/// threads of their own.
+/// Answers requests on `listener` through `door` until SIGINT/SIGTERM or `cancel`, then stops
+/// accepting and lets in-flight requests finish. Cancels `cancel` on the way out.
+/// Connections are served on `workers` threads of their own.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    door: Arc<Door>,
     cancel: CancellationToken,
     limits: HeadLimits,
     workers: NonZeroUsize,
@@ -120,7 +119,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let router = router.clone();
+        let door = door.clone();
         let http = http.clone();
         let watcher = graceful.watcher();
         workers.next().spawn(async move {
@@ -131,12 +130,9 @@ pub async fn serve(
                     return;
                 }
             };
-            // The router for this connection, with the peer address in every request.
-            let service =
-                hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-                    request.extensions_mut().insert(ConnectInfo(peer));
-                    router.clone().oneshot(request)
-                });
+            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                door.clone().answer(request, peer)
+            });
             let connection = watcher.watch(http.serve_connection(TokioIo::new(stream), service));
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");

@@ -4,20 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::Router;
-use axum::error_handling::HandleErrorLayer;
-use axum::handler::Handler;
-use axum::middleware;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceBuilder;
 
 use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
 
 use crate::Settings;
-use crate::auth::{self, Gate};
-use crate::proxy::{self, PoolSettings, ProxyState, Upstreams};
+use crate::auth;
+use crate::door::{Door, InFlight};
+use crate::proxy::{PoolSettings, ProxyState, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve::{self, HeadLimits};
 
@@ -26,7 +22,7 @@ use crate::serve::{self, HeadLimits};
 pub struct Application {
     listener: TcpListener,
     port: u16,
-    router: Router,
+    door: Arc<Door>,
     cancel: CancellationToken,
     limits: HeadLimits,
     workers: std::num::NonZeroUsize,
@@ -60,31 +56,18 @@ impl Application {
             trusted_proxies: trusted_proxies.clone(),
         };
         let probes = readiness_probes(&state);
-        let gate = Gate {
-            verifier: auth::verifier(&settings)?,
-            trusted_proxies,
-        };
         let cancel = CancellationToken::new();
         let rate_limits = RateLimits::build(&settings).await?;
         let housekeeping = rate_limits.clone();
-
-        // Every proxied request, outermost first: note the client address and the token's
-        // verdict → charge the user (or the address) against the route's quota → refuse
-        // (401/403) or forward. The ops routes are not limited: probes and scrapers must
-        // get through a flood, and wrk's filler requests hit /healthz.
-        let gated = ServiceBuilder::new()
-            .layer(middleware::from_fn_with_state(gate, auth::identify))
-            .layer(rate_limits)
-            .service(proxy::forward.with_state(state));
-        // Outermost first: errors of the two layers below become JSON → shed when full
-        // (never queue) → bound in-flight requests → per-request deadline.
-        let overload = ServiceBuilder::new()
-            .layer(HandleErrorLayer::new(proxy::handle_overload))
-            .load_shed()
-            .concurrency_limit(settings.max_in_flight)
-            .timeout(Duration::from_millis(settings.request_timeout_ms));
-        let router = ops::router(probes).fallback_service(gated).layer(overload);
-        let router = seckill_http::layers::instrument(router, "gateway");
+        let door = Arc::new(Door {
+            ops: seckill_http::layers::instrument(ops::router(probes), "gateway"),
+            verifier: auth::verifier(&settings)?,
+            trusted_proxies,
+            rate_limits,
+            proxy: state,
+            in_flight: InFlight::new(settings.max_in_flight),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+        });
 
         let listener = TcpListener::bind((settings.host.as_str(), settings.port))
             .await
@@ -95,7 +78,7 @@ impl Application {
         Ok(Self {
             listener,
             port,
-            router,
+            door,
             cancel,
             limits: HeadLimits {
                 max_header_bytes: settings.max_header_bytes,
@@ -120,7 +103,7 @@ impl Application {
         tracing::info!(port = self.port, "gateway listening");
         serve::serve(
             self.listener,
-            self.router,
+            self.door,
             self.cancel,
             self.limits,
             self.workers,

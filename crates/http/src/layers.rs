@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use tower::ServiceBuilder;
@@ -35,13 +35,16 @@ pub struct FastRequestUuid;
 
 impl MakeRequestId for FastRequestUuid {
     fn make_request_id<B>(&mut self, _request: &axum::http::Request<B>) -> Option<RequestId> {
-        let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
-        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        let text = id.hyphenated().encode_lower(&mut text);
-        axum::http::HeaderValue::from_str(text)
-            .ok()
-            .map(RequestId::new)
+        Some(RequestId::new(new_request_id()))
     }
+}
+
+/// A new request id: a random (version 4) UUID from the thread's RNG, hyphenated.
+pub fn new_request_id() -> HeaderValue {
+    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let text = id.hyphenated().encode_lower(&mut text);
+    HeaderValue::from_str(text).expect("a hyphenated uuid is a valid header value")
 }
 
 async fn drop_unusable_request_id(mut req: Request, next: Next) -> Response {

@@ -15,18 +15,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use http_body_util::Full;
-use tracing::Instrument;
+use axum::response::Response;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
 
 use seckill_auth::IdentitySigner;
 use seckill_http::error_response;
-use seckill_http::layers::RouteLabel;
 
-use crate::auth::{self, AuthFailure, Caller};
+use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
 
 pub use pool::{ExchangeError, PoolSettings};
@@ -50,88 +48,81 @@ pub struct ProxyState {
     pub trusted_proxies: Arc<TrustedProxies>,
 }
 
-/// The metric label of the service that owns `path`, if any.
-pub fn route_label(path: &str) -> Option<&'static str> {
-    route(path).map(|(service, _)| match service {
-        Service::SeckillApi => "seckill-api",
-        Service::OrderService => "order-service",
-    })
+impl ProxyState {
+    /// The replicas of `service`.
+    pub fn upstreams(&self, service: Service) -> &Upstreams {
+        match service {
+            Service::SeckillApi => &self.seckill_api,
+            Service::OrderService => &self.order_service,
+        }
+    }
 }
 
-#[derive(Clone, Copy)]
-enum Service {
+/// A service behind the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// seckill-api: products and purchases.
     SeckillApi,
+    /// order-service: orders and dead letters.
     OrderService,
 }
 
-/// Which service owns `path`, and whether it needs the admin role.
-fn route(path: &str) -> Option<(Service, bool)> {
+impl Service {
+    /// The service's name: metric label and log field.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SeckillApi => "seckill-api",
+            Self::OrderService => "order-service",
+        }
+    }
+}
+
+/// Where a path goes: the owning service, and whether it needs the admin role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// The service that owns the path.
+    pub service: Service,
+    /// Only callers with the `admin` role may pass.
+    pub admin_only: bool,
+}
+
+/// The route of `path`, if a service owns it.
+pub fn route(path: &str) -> Option<Route> {
     let under = |prefix: &str| {
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     };
-    if under("/api/seckill") || under("/api/products") {
-        Some((Service::SeckillApi, false))
+    let (service, admin_only) = if under("/api/seckill") || under("/api/products") {
+        (Service::SeckillApi, false)
     } else if under("/admin/products") {
-        Some((Service::SeckillApi, true))
+        (Service::SeckillApi, true)
     } else if under("/api/orders") {
-        Some((Service::OrderService, false))
+        (Service::OrderService, false)
     } else if under("/admin/orders") || under("/admin/dlq") {
-        Some((Service::OrderService, true))
+        (Service::OrderService, true)
     } else {
-        None
-    }
+        return None;
+    };
+    Some(Route {
+        service,
+        admin_only,
+    })
 }
 
-/// Refuses callers without a valid token (401) or the needed role (403), re-signs identity,
-/// and forwards to a replica of the owning service.
+/// Forwards an admitted request of `caller` to a replica of `upstreams`, with identity
+/// re-signed: reads the body whole (413 beyond `max_body_bytes`), tries the replicas in
+/// turn while nothing was sent, and answers with the replica's response or a JSON error.
 pub async fn forward(
-    State(state): State<ProxyState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    let Some((service, admin_only)) = route(request.uri().path()) else {
-        return error_response(StatusCode::NOT_FOUND, "not_found", "no such route");
-    };
-    let upstreams = match service {
-        Service::SeckillApi => &state.seckill_api,
-        Service::OrderService => &state.order_service,
-    };
-    let caller = match request.extensions().get::<Caller>() {
-        Some(caller) => caller.clone(),
-        None => {
-            let reason = request
-                .extensions()
-                .get::<AuthFailure>()
-                .map_or("missing_token", |f| f.0);
-            return labelled(auth::unauthorized(reason), upstreams);
-        }
-    };
-    if admin_only && !caller.is_admin() {
-        return labelled(auth::forbidden(), upstreams);
-    }
-    let response = forward_to(&state, upstreams, &caller, peer, request).await;
-    labelled(response, upstreams)
-}
-
-fn labelled(mut response: Response, upstreams: &Upstreams) -> Response {
-    response
-        .extensions_mut()
-        .insert(RouteLabel(upstreams.name()));
-    response
-}
-
-async fn forward_to(
     state: &ProxyState,
     upstreams: &Upstreams,
     caller: &Caller,
     peer: SocketAddr,
-    request: Request,
+    request: hyper::Request<Incoming>,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
-        Ok(body) => body,
-        Err(_) => {
+    let body = match Limited::new(body, state.max_body_bytes).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
             return error_response(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
@@ -141,9 +132,18 @@ async fn forward_to(
                 ),
             );
         }
+        Err(e) => {
+            tracing::debug!(error = %e, "client body unreadable");
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the request body could not be read",
+            );
+        }
     };
     let mut headers = parts.headers;
     let trace_id = headers::prepare(&mut headers, peer, &state.trusted_proxies);
+    tracing::Span::current().record("trace_id", trace_id.as_str());
     // sign_into first removes every identity header the client may have sent.
     state
         .signer
@@ -157,63 +157,56 @@ async fn forward_to(
         .cloned()
         .map_or_else(|| Uri::from_static("/"), Uri::from);
     *request.headers_mut() = headers;
-    let span = tracing::info_span!("proxy", trace_id = %trace_id, user_id = caller.user_id);
-    async move {
-        for replica in upstreams.rotation() {
-            let base = replica.base();
-            match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request))
-                .await
-            {
-                Ok(Ok(upstream_response)) => {
-                    let (mut parts, body) = upstream_response.into_parts();
-                    headers::strip_hop_by_hop(&mut parts.headers);
-                    return Response::from_parts(parts, Body::from(body));
-                }
-                // Nothing reached the replica: safe to try the next one, even for a purchase.
-                Ok(Err(ExchangeError::Connect {
-                    reason,
-                    request: unsent,
-                })) => {
-                    tracing::warn!(upstream = base, error = %reason, "upstream refused connection");
-                    upstream_error(upstreams, "connect");
-                    upstreams.eject(replica);
-                    request = *unsent;
-                }
-                Ok(Err(ExchangeError::TooLarge(limit))) => {
-                    tracing::warn!(upstream = base, limit, "upstream answer too large");
-                    upstream_error(upstreams, "too_large");
-                    return error_response(
-                        StatusCode::BAD_GATEWAY,
-                        "bad_gateway",
-                        "the upstream answer was too large",
-                    );
-                }
-                // The request may have reached the replica: never retry (a purchase must not
-                // be sent twice by us).
-                Ok(Err(ExchangeError::Failed(e))) => {
-                    tracing::warn!(upstream = base, error = %e, "upstream request failed");
-                    upstream_error(upstreams, "request");
-                    return error_response(
-                        StatusCode::BAD_GATEWAY,
-                        "bad_gateway",
-                        "the upstream service failed",
-                    );
-                }
-                Err(_) => {
-                    tracing::warn!(upstream = base, "upstream did not answer in time");
-                    upstream_error(upstreams, "timeout");
-                    return error_response(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "gateway_timeout",
-                        "the upstream service took too long",
-                    );
-                }
+    for replica in upstreams.rotation() {
+        let base = replica.base();
+        match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request)).await {
+            Ok(Ok(upstream_response)) => {
+                let (mut parts, body) = upstream_response.into_parts();
+                headers::strip_hop_by_hop(&mut parts.headers);
+                return Response::from_parts(parts, Body::from(body));
+            }
+            // Nothing reached the replica: safe to try the next one, even for a purchase.
+            Ok(Err(ExchangeError::Connect {
+                reason,
+                request: unsent,
+            })) => {
+                tracing::warn!(upstream = base, error = %reason, "upstream refused connection");
+                upstream_error(upstreams, "connect");
+                upstreams.eject(replica);
+                request = *unsent;
+            }
+            Ok(Err(ExchangeError::TooLarge(limit))) => {
+                tracing::warn!(upstream = base, limit, "upstream answer too large");
+                upstream_error(upstreams, "too_large");
+                return error_response(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    "the upstream answer was too large",
+                );
+            }
+            // The request may have reached the replica: never retry (a purchase must not
+            // be sent twice by us).
+            Ok(Err(ExchangeError::Failed(e))) => {
+                tracing::warn!(upstream = base, error = %e, "upstream request failed");
+                upstream_error(upstreams, "request");
+                return error_response(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    "the upstream service failed",
+                );
+            }
+            Err(_) => {
+                tracing::warn!(upstream = base, "upstream did not answer in time");
+                upstream_error(upstreams, "timeout");
+                return error_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "gateway_timeout",
+                    "the upstream service took too long",
+                );
             }
         }
-        unavailable("no upstream available, retry shortly")
     }
-    .instrument(span)
-    .await
+    unavailable("no upstream available, retry shortly")
 }
 
 fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
@@ -222,33 +215,11 @@ fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
     .increment(1);
 }
 
-fn unavailable(message: &'static str) -> Response {
+/// A 503 with `Retry-After: 1`.
+pub fn unavailable(message: &'static str) -> Response {
     let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
     response
-}
-
-/// Maps the overload layers' errors to the JSON contract: shed → 503, deadline → 504.
-pub async fn handle_overload(error: tower::BoxError) -> Response {
-    if error.is::<tower::timeout::error::Elapsed>() {
-        metrics::counter!("gateway_timeouts_total").increment(1);
-        error_response(
-            StatusCode::GATEWAY_TIMEOUT,
-            "gateway_timeout",
-            "the request took too long",
-        )
-    } else if error.is::<tower::load_shed::error::Overloaded>() {
-        metrics::counter!("gateway_shed_total").increment(1);
-        unavailable("overloaded, retry shortly")
-    } else {
-        tracing::error!(%error, "unexpected middleware error");
-        error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error",
-        )
-        .into_response()
-    }
 }

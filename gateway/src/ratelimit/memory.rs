@@ -1,38 +1,38 @@
-//! The in-memory backend: one tower_governor layer (GCRA, keyed) per quota, per replica.
+//! The in-memory backend: one keyed GCRA limiter per quota, per replica.
+//!
+//! The limiter is tower_governor's (built by its `GovernorConfigBuilder`, so a quota means
+//! here what it means to tower_governor), asked directly by the gateway's request path
+//! instead of through tower_governor's `Service` wrapper: the verdict is needed before the
+//! route is known to exist, and the same [`Decision`] comes from the Redis backend.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use governor::clock::{Clock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
-use tower_governor::governor::{Governor, GovernorConfig, GovernorConfigBuilder};
+use tower_governor::governor::{GovernorConfig, GovernorConfigBuilder};
 use tower_governor::key_extractor::KeyExtractor;
-use tower_governor::{GovernorError, GovernorLayer};
 
-use super::{QuotaSpec, RateKey, limited_response, no_key_response};
-use crate::auth::Caller;
-use crate::client_ip::ClientIp;
+use super::redis::Decision;
+use super::{QuotaSpec, RateKey};
 
-/// Reads the [`RateKey`] that [`crate::auth::identify`] left in the request extensions.
+/// The key type of the limiter. The gateway hands keys to the limiter itself, so this
+/// extractor only names them; it never reads a request.
 #[derive(Debug, Clone, Copy)]
-pub struct CallerOrClientIp;
+pub struct ByRateKey;
 
-impl KeyExtractor for CallerOrClientIp {
+impl KeyExtractor for ByRateKey {
     type Key = RateKey;
 
     fn name(&self) -> &'static str {
         "caller or client ip"
     }
 
-    fn extract<T>(&self, req: &axum::http::Request<T>) -> Result<RateKey, GovernorError> {
-        let extensions = req.extensions();
-        if let Some(caller) = extensions.get::<Caller>() {
-            return Ok(RateKey::User(caller.user_id));
-        }
-        extensions
-            .get::<ClientIp>()
-            .map(|ip| RateKey::Client(ip.0))
-            .ok_or(GovernorError::UnableToExtractKey)
+    fn extract<T>(
+        &self,
+        _req: &axum::http::Request<T>,
+    ) -> Result<RateKey, tower_governor::GovernorError> {
+        Err(tower_governor::GovernorError::UnableToExtractKey)
     }
 
     fn key_name(&self, key: &RateKey) -> Option<String> {
@@ -40,16 +40,12 @@ impl KeyExtractor for CallerOrClientIp {
     }
 }
 
-type Config = GovernorConfig<CallerOrClientIp, StateInformationMiddleware>;
+type Config = GovernorConfig<ByRateKey, StateInformationMiddleware>;
 
-/// A service behind one in-memory quota.
-pub type Limited<S> = Governor<CallerOrClientIp, StateInformationMiddleware, S, Body>;
-
-/// One quota's keyed limiter and the layer that applies it.
+/// One quota's keyed limiter.
 #[derive(Clone)]
 pub struct MemoryQuota {
     config: Arc<Config>,
-    layer: GovernorLayer<CallerOrClientIp, StateInformationMiddleware, Body>,
 }
 
 impl MemoryQuota {
@@ -57,33 +53,71 @@ impl MemoryQuota {
     pub fn new(spec: QuotaSpec) -> Self {
         // tower_governor's `per_second(n)` is the replenish *period*: a rate of n per second
         // is one token every 1/n s, set here as that period.
-        let mut builder = GovernorConfigBuilder::default()
-            .key_extractor(CallerOrClientIp)
-            .use_headers();
-        let config = builder
+        let config = GovernorConfigBuilder::default()
+            .key_extractor(ByRateKey)
+            .use_headers()
             .period(Duration::from_micros(spec.interval_us()))
             .burst_size(spec.burst)
             .finish()
             .expect("QuotaSpec holds a positive rate and burst");
-        let config = Arc::new(config);
-        let layer = GovernorLayer::new(config.clone()).error_handler(move |error| match error {
-            // tower_governor truncates the wait to whole seconds; one more rounds it up.
-            GovernorError::TooManyRequests { wait_time, .. } => {
-                limited_response(spec, wait_time.saturating_add(1))
-            }
-            _ => no_key_response(spec.route),
-        });
-        Self { config, layer }
+        Self {
+            config: Arc::new(config),
+        }
     }
 
-    /// `inner` behind this quota.
-    pub fn wrap<S>(&self, inner: S) -> Limited<S> {
-        tower::Layer::layer(&self.layer, inner)
+    /// Charges one request to `key`.
+    pub fn check(&self, key: &RateKey) -> Decision {
+        match self.config.limiter().check_key(key) {
+            Ok(snapshot) => Decision::Allowed {
+                remaining: u64::from(snapshot.remaining_burst_capacity()),
+            },
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                Decision::Limited {
+                    // Whole seconds, rounded up: no client is told to come back early.
+                    retry_after_secs: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+                }
+            }
+        }
     }
 
     /// Forgets keys whose buckets are full again, and the memory they held.
     pub fn forget_idle(&self) {
         self.config.limiter().retain_recent();
         self.config.limiter().shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_passes_then_the_next_request_waits_whole_seconds() {
+        let quota = MemoryQuota::new(QuotaSpec {
+            route: "t",
+            per_sec: 1,
+            burst: 2,
+        });
+        let alice = RateKey::User(1);
+        assert!(matches!(
+            quota.check(&alice),
+            Decision::Allowed { remaining: 1 }
+        ));
+        assert!(matches!(
+            quota.check(&alice),
+            Decision::Allowed { remaining: 0 }
+        ));
+        assert!(matches!(
+            quota.check(&alice),
+            Decision::Limited {
+                retry_after_secs: 1
+            }
+        ));
+        // Another key has a bucket of its own.
+        assert!(matches!(
+            quota.check(&RateKey::User(2)),
+            Decision::Allowed { remaining: 1 }
+        ));
     }
 }

@@ -1,7 +1,7 @@
 //! Per-user and per-client rate limits (GCRA).
 //!
-//! A request is charged to its verified user when [`crate::auth::identify`] found one, and to
-//! its client address otherwise (see [`crate::client_ip`]). The purchase route has its own
+//! A request is charged to its verified user when its token verified, and to its client
+//! address otherwise (see [`crate::client_ip`]). The purchase route has its own
 //! quota, everything else shares another. The buckets live in this process
 //! ([`memory`], tower_governor) or, with `rate_limit_backend = "redis"`, in Redis so that
 //! every replica enforces the same quotas ([`redis`], failing open when Redis is down).
@@ -13,27 +13,21 @@
 pub mod memory;
 pub mod redis;
 
-use std::convert::Infallible;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::Request;
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
-use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-use tower::{Layer, Service, ServiceExt};
-use tower_governor::key_extractor::KeyExtractor;
 
 use seckill_http::error_response;
 
 use crate::Settings;
-use memory::{CallerOrClientIp, Limited, MemoryQuota};
+use memory::MemoryQuota;
 use redis::{Decision, RedisQuotas};
 
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -90,9 +84,10 @@ impl QuotaSpec {
         })
     }
 
-    /// Time between two regained requests, microseconds.
+    /// Time between two regained requests, microseconds (at least one: settings refuse
+    /// faster rates).
     pub fn interval_us(&self) -> u64 {
-        1_000_000 / u64::from(self.per_sec)
+        (1_000_000 / u64::from(self.per_sec)).max(1)
     }
 }
 
@@ -170,42 +165,73 @@ impl RateLimits {
     }
 }
 
-impl<S: Clone> Layer<S> for RateLimits {
-    type Service = RateLimit<S>;
+/// What a quota says about one request.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Let through; the answer carries the quota's headers.
+    Allowed {
+        /// The burst, for `x-ratelimit-limit`.
+        limit: u32,
+        /// Requests left right now, for `x-ratelimit-remaining`.
+        remaining: u64,
+    },
+    /// Refused with this 429.
+    Limited(Response),
+    /// No quota applies (switched off), or its Redis did not answer (fail open).
+    Unmetered,
+}
 
-    fn layer(&self, inner: S) -> RateLimit<S> {
-        let routed = match &self.backend {
-            Backend::Memory { purchase, default } => Routed::Memory {
-                purchase: purchase.as_ref().map(|q| q.wrap(inner.clone())),
-                default: default.as_ref().map(|q| q.wrap(inner.clone())),
-            },
-            Backend::Redis(quotas) => Routed::Redis(quotas.clone()),
-        };
-        RateLimit {
-            purchase: self.purchase,
-            default: self.default,
-            routed,
-            inner,
+impl Verdict {
+    /// Puts the quota's headers on an answer that was let through.
+    pub fn annotate(&self, response: &mut Response) {
+        if let Self::Allowed { limit, remaining } = self {
+            set_quota_headers(response.headers_mut(), *limit, *remaining);
         }
     }
 }
 
-/// Sends each request through the quota of its route, or straight on when that is off.
-#[derive(Clone)]
-pub struct RateLimit<S> {
-    purchase: Option<QuotaSpec>,
-    default: Option<QuotaSpec>,
-    routed: Routed<S>,
-    inner: S,
-}
-
-#[derive(Clone)]
-enum Routed<S> {
-    Memory {
-        purchase: Option<Limited<S>>,
-        default: Option<Limited<S>>,
-    },
-    Redis(Arc<RedisQuotas>),
+impl RateLimits {
+    /// Charges one request of `key` against the purchase quota or the default one.
+    pub async fn check(&self, purchase: bool, key: RateKey) -> Verdict {
+        let (spec, memory) = match &self.backend {
+            Backend::Memory {
+                purchase: p,
+                default: d,
+            } => {
+                if purchase {
+                    (self.purchase, p.as_ref())
+                } else {
+                    (self.default, d.as_ref())
+                }
+            }
+            Backend::Redis(_) => (
+                if purchase {
+                    self.purchase
+                } else {
+                    self.default
+                },
+                None,
+            ),
+        };
+        let Some(spec) = spec else {
+            return Verdict::Unmetered;
+        };
+        let decision = match (&self.backend, memory) {
+            (_, Some(quota)) => quota.check(&key),
+            (Backend::Redis(quotas), _) => quotas.check(&spec, &key).await,
+            (Backend::Memory { .. }, None) => Decision::Unknown,
+        };
+        match decision {
+            Decision::Allowed { remaining } => Verdict::Allowed {
+                limit: spec.burst,
+                remaining,
+            },
+            Decision::Limited { retry_after_secs } => {
+                Verdict::Limited(limited_response(spec, retry_after_secs))
+            }
+            Decision::Unknown => Verdict::Unmetered,
+        }
+    }
 }
 
 /// Whether the request is a purchase: `POST /api/seckill/{id}`, and nothing below it.
@@ -214,61 +240,6 @@ pub fn is_purchase(method: &Method, path: &str) -> bool {
         && path
             .strip_prefix("/api/seckill/")
             .is_some_and(|id| !id.is_empty() && !id.contains('/'))
-}
-
-impl<S> Service<Request> for RateLimit<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Each call drives a clone to readiness itself (`oneshot`).
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        let purchase = is_purchase(request.method(), request.uri().path());
-        let inner = self.inner.clone();
-        match &self.routed {
-            Routed::Memory {
-                purchase: p,
-                default: d,
-            } => match if purchase { p } else { d } {
-                Some(limited) => Box::pin(limited.clone().oneshot(request)),
-                None => Box::pin(inner.oneshot(request)),
-            },
-            Routed::Redis(quotas) => {
-                let Some(spec) = (if purchase {
-                    self.purchase
-                } else {
-                    self.default
-                }) else {
-                    return Box::pin(inner.oneshot(request));
-                };
-                let Ok(key) = CallerOrClientIp.extract(&request) else {
-                    return Box::pin(std::future::ready(Ok(no_key_response(spec.route))));
-                };
-                let quotas = quotas.clone();
-                Box::pin(async move {
-                    match quotas.check(&spec, &key).await {
-                        Decision::Allowed { remaining } => {
-                            let mut response = inner.oneshot(request).await?;
-                            set_quota_headers(response.headers_mut(), spec.burst, remaining);
-                            Ok(response)
-                        }
-                        Decision::Limited { retry_after_secs } => {
-                            Ok(limited_response(spec, retry_after_secs))
-                        }
-                        Decision::Unknown => inner.oneshot(request).await,
-                    }
-                })
-            }
-        }
-    }
 }
 
 fn set_quota_headers(headers: &mut HeaderMap, limit: u32, remaining: u64) {
@@ -290,19 +261,6 @@ fn limited_response(spec: QuotaSpec, wait_secs: u64) -> Response {
     headers.insert(RETRY_AFTER, wait.clone());
     headers.insert(X_RATELIMIT_RESET, wait);
     response
-}
-
-/// A request [`crate::auth::identify`] left without caller or address: a wiring bug.
-fn no_key_response(route: &'static str) -> Response {
-    tracing::error!(
-        route,
-        "rate limit: request has no caller and no client address"
-    );
-    error_response(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "internal error",
-    )
 }
 
 #[cfg(test)]
