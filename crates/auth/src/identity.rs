@@ -6,8 +6,6 @@
 //! identity only when the signature matches and the timestamp is recent, so a caller that
 //! goes around the gateway can neither invent an identity nor replay an old one for long.
 
-use std::sync::Arc;
-
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -62,7 +60,9 @@ pub enum IdentityError {
 /// Signs (gateway) and verifies (backends) identity headers with the shared internal key.
 #[derive(Clone)]
 pub struct IdentitySigner {
-    key: Arc<[u8]>,
+    /// HMAC state with the key already absorbed: cloned per signature instead of hashing
+    /// the key again each time.
+    keyed: Hmac<Sha256>,
     max_age_ms: i64,
 }
 
@@ -78,15 +78,18 @@ impl IdentitySigner {
     /// A signer for `key`; credentials older than `max_age_ms` are refused.
     pub fn new(key: &str, max_age_ms: i64) -> Self {
         Self {
-            key: Arc::from(key.as_bytes()),
+            keyed: Hmac::<Sha256>::new_from_slice(key.as_bytes())
+                .expect("HMAC accepts keys of any length"),
             max_age_ms,
         }
     }
 
-    fn mac(&self, user_id: i64, roles: &str, ts: i64) -> Hmac<Sha256> {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC accepts keys of any length");
-        mac.update(format!("{user_id}\n{roles}\n{ts}").as_bytes());
+    /// The MAC of `"{user_id}\n{roles}\n{ts}"`, the three as they travel in the headers.
+    fn mac(&self, user_id: &str, roles: &str, ts: &str) -> Hmac<Sha256> {
+        let mut mac = self.keyed.clone();
+        for part in [user_id, "\n", roles, "\n", ts] {
+            mac.update(part.as_bytes());
+        }
         mac
     }
 
@@ -97,22 +100,28 @@ impl IdentitySigner {
         }
         // Roles travel comma-separated: a role containing a comma (or anything but plain
         // characters) would be read back as other roles, so it is dropped, not forwarded.
-        let roles: Vec<&str> = roles
+        let mut joined = String::new();
+        for role in roles
             .iter()
-            .map(String::as_str)
             .filter(|r| seckill_http::is_plain_token(r.as_bytes()))
-            .collect();
-        let roles = roles.join(",");
-        let ts = chrono::Utc::now().timestamp_millis();
-        let sig = hex(&self.mac(user_id, &roles, ts).finalize().into_bytes());
+        {
+            if !joined.is_empty() {
+                joined.push(',');
+            }
+            joined.push_str(role);
+        }
+        let user_id = user_id.to_string();
+        let ts = chrono::Utc::now().timestamp_millis().to_string();
+        let sig = hex(&self.mac(&user_id, &joined, &ts).finalize().into_bytes());
         let mut set = |name: HeaderName, value: String| {
-            if let Ok(value) = HeaderValue::from_str(&value) {
+            // Digits, hex and plain role names: always a valid header value.
+            if let Ok(value) = HeaderValue::try_from(value) {
                 headers.insert(name, value);
             }
         };
-        set(USER_ID, user_id.to_string());
-        set(USER_ROLES, roles);
-        set(IDENTITY_TS, ts.to_string());
+        set(USER_ID, user_id);
+        set(USER_ROLES, joined);
+        set(IDENTITY_TS, ts);
         set(IDENTITY_SIG, sig);
     }
 
@@ -124,15 +133,13 @@ impl IdentitySigner {
                 .and_then(|v| v.to_str().ok())
                 .ok_or(IdentityError::Missing)
         };
-        let user_id: i64 = text(&USER_ID)?
-            .parse()
-            .map_err(|_| IdentityError::Missing)?;
+        let user_text = text(&USER_ID)?;
+        let user_id: i64 = user_text.parse().map_err(|_| IdentityError::Missing)?;
         let roles = text(&USER_ROLES).unwrap_or("");
-        let ts: i64 = text(&IDENTITY_TS)?
-            .parse()
-            .map_err(|_| IdentityError::Missing)?;
+        let ts_text = text(&IDENTITY_TS)?;
+        let ts: i64 = ts_text.parse().map_err(|_| IdentityError::Missing)?;
         let sig = unhex(text(&IDENTITY_SIG)?).ok_or(IdentityError::BadSignature)?;
-        self.mac(user_id, roles, ts)
+        self.mac(user_text, roles, ts_text)
             .verify_slice(&sig)
             .map_err(|_| IdentityError::BadSignature)?;
         let age = chrono::Utc::now().timestamp_millis() - ts;
@@ -195,7 +202,13 @@ where
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -274,10 +287,24 @@ mod tests {
     }
 
     #[test]
+    fn the_signature_is_the_hex_hmac_sha256_of_id_roles_and_time() {
+        // Computed independently (Python's hmac): backends in any language can check it.
+        let signer = IdentitySigner::new("k", 30_000);
+        let sig = hex(&signer
+            .mac("7", "admin", "1700000000000")
+            .finalize()
+            .into_bytes());
+        assert_eq!(
+            sig,
+            "68566626a7f513590ece9d0df2897916f16b7e9423028e8c96f0fa674116ea92"
+        );
+    }
+
+    #[test]
     fn an_old_credential_is_refused() {
         let signer = IdentitySigner::new("k", 30_000);
         let ts = chrono::Utc::now().timestamp_millis() - 60_000;
-        let sig = hex(&signer.mac(7, "", ts).finalize().into_bytes());
+        let sig = hex(&signer.mac("7", "", &ts.to_string()).finalize().into_bytes());
         let mut headers = HeaderMap::new();
         headers.insert(USER_ID, HeaderValue::from_static("7"));
         headers.insert(
