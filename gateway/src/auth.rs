@@ -1,9 +1,13 @@
 //! Authentication at the door: bearer token → verified user id and roles.
 //!
-//! [`authenticate`] only says what it found (a [`Caller`] or the reason there is none): the
+//! [`Authenticator::authenticate`] only says what it found (a [`Caller`] or the reason there is none): the
 //! request path ([`crate::door`]) charges a verified user per user and everyone else —
 //! garbage tokens included — per client address, and refuses the request afterwards if its
 //! route needs a caller.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::Context;
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
@@ -13,6 +17,7 @@ use axum::response::Response;
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
 use seckill_config::split_list;
 use seckill_http::error_response;
+use thread_local::ThreadLocal;
 
 use crate::Settings;
 
@@ -51,9 +56,107 @@ pub fn verifier(settings: &Settings) -> anyhow::Result<JwtVerifier> {
     JwtVerifier::new(settings.jwt_algorithm, &key, &rules).context("jwt public key")
 }
 
-/// Verifies the bearer token in `headers`; on failure, the reason for logs and metrics.
-pub fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Caller, &'static str> {
-    let token = headers
+/// Verifies bearer tokens, remembering the ones that verified until they expire.
+///
+/// A client sends the same token with every request; checking its signature and claims
+/// again each time was the largest single cost of a proxied request. A token that verified
+/// is kept, per worker thread (no lock), with the caller it names and its `exp`; the same
+/// token text is then accepted without a second check until `exp` plus the leeway has
+/// passed — exactly as long as a full check would accept it, since the key, the algorithm
+/// and the issuer/audience rules are fixed for the life of the process and time only moves
+/// on (`nbf` and `iat` cannot turn a passed token back into a refused one). Only tokens that
+/// verified are kept, so a flood of garbage cannot push real ones out, and refused tokens
+/// are checked in full every time.
+pub struct Authenticator {
+    verifier: JwtVerifier,
+    leeway_secs: i64,
+    capacity: usize,
+    verified: ThreadLocal<RefCell<HashMap<Box<str>, Verified>>>,
+}
+
+struct Verified {
+    caller: Arc<Caller>,
+    /// Unix seconds after which the token is refused.
+    valid_until: i64,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("verifier", &self.verifier)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authenticator {
+    /// Checks tokens with `verifier`, whose rules allow `leeway_secs` of clock skew, keeping
+    /// up to `capacity` verified ones per thread (0: none).
+    pub fn new(verifier: JwtVerifier, leeway_secs: u64, capacity: usize) -> Self {
+        Self {
+            verifier,
+            leeway_secs: i64::try_from(leeway_secs).unwrap_or(i64::MAX),
+            capacity,
+            verified: ThreadLocal::new(),
+        }
+    }
+
+    /// The caller named by the bearer token in `headers`; on failure, the reason for logs
+    /// and metrics.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, &'static str> {
+        let token = bearer_token(headers).ok_or("missing_token")?;
+        if self.capacity == 0 {
+            return self.verify(token).map(|(caller, _)| caller);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+            });
+        let mut verified = self.verified.get_or_default().borrow_mut();
+        if let Some(known) = verified.get(token) {
+            if now <= known.valid_until {
+                return Ok(known.caller.clone());
+            }
+            verified.remove(token);
+        }
+        let (caller, exp) = self.verify(token)?;
+        if verified.len() >= self.capacity {
+            verified.retain(|_, v| now <= v.valid_until);
+            if verified.len() >= self.capacity {
+                // Still full of live tokens: start over rather than track recency.
+                verified.clear();
+            }
+        }
+        verified.insert(
+            token.into(),
+            Verified {
+                caller: caller.clone(),
+                valid_until: exp.saturating_add(self.leeway_secs),
+            },
+        );
+        Ok(caller)
+    }
+
+    /// Full check of `token`: the caller and the token's `exp`.
+    fn verify(&self, token: &str) -> Result<(Arc<Caller>, i64), &'static str> {
+        let (user_id, claims) = self.verifier.verify(token).map_err(|e| e.reason())?;
+        let caller = Caller {
+            user_id,
+            roles: claims.roles,
+        };
+        Ok((Arc::new(caller), claims.exp))
+    }
+
+    /// Verified tokens kept on the calling thread (tests).
+    pub fn cached_here(&self) -> usize {
+        self.verified.get().map_or(0, |v| v.borrow().len())
+    }
+}
+
+/// The token of an `Authorization: Bearer …` header, if there is a non-empty one.
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
@@ -61,17 +164,7 @@ pub fn authenticate(verifier: &JwtVerifier, headers: &HeaderMap) -> Result<Calle
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let Some(token) = token else {
-        return Err("missing_token");
-    };
-    verifier
-        .verify(token)
-        .map(|(user_id, claims)| Caller {
-            user_id,
-            roles: claims.roles,
-        })
-        .map_err(|e| e.reason())
+        .filter(|t| !t.is_empty())
 }
 
 /// The 401 for a refused token: one message whatever went wrong; `reason` goes to the log
@@ -109,4 +202,98 @@ pub fn forbidden() -> Response {
         HeaderValue::from_static("Bearer realm=\"seckill\", error=\"insufficient_scope\""),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use seckill_auth::TokenMinter;
+
+    use super::*;
+
+    const SECRET: &str = "a-test-secret-of-32-bytes-length";
+
+    fn authenticator(leeway_secs: u64, capacity: usize) -> Authenticator {
+        let rules = ClaimRules {
+            issuers: vec![],
+            audiences: vec![],
+            leeway_secs,
+        };
+        let verifier =
+            JwtVerifier::new(JwtAlgorithm::HS256, SECRET.as_bytes(), &rules).expect("verifier");
+        Authenticator::new(verifier, leeway_secs, capacity)
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).expect("header");
+        headers.insert(AUTHORIZATION, value);
+        headers
+    }
+
+    #[test]
+    fn a_verified_token_is_remembered_and_names_the_same_caller() {
+        let auth = authenticator(5, 100);
+        let token = TokenMinter::new(SECRET).mint(7, &["admin"], 60);
+        let first = auth.authenticate(&bearer(&token)).expect("verifies");
+        assert_eq!(auth.cached_here(), 1);
+        let second = auth.authenticate(&bearer(&token)).expect("remembered");
+        assert!(
+            Arc::ptr_eq(&first, &second),
+            "the second answer came from the cache"
+        );
+        assert_eq!((second.user_id, second.is_admin()), (7, true));
+    }
+
+    #[test]
+    fn a_remembered_token_is_refused_once_it_expires() {
+        let auth = authenticator(0, 100);
+        let token = TokenMinter::new(SECRET).mint(8, &[], 1);
+        assert!(auth.authenticate(&bearer(&token)).is_ok());
+        assert_eq!(auth.cached_here(), 1);
+        // Polled: the token expires within two seconds of its minting.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let refusal = loop {
+            match auth.authenticate(&bearer(&token)) {
+                Err(reason) => break reason,
+                Ok(_) => assert!(Instant::now() < deadline, "never refused"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(refusal, "expired");
+        assert_eq!(auth.cached_here(), 0, "the expired entry is gone");
+    }
+
+    #[test]
+    fn refused_tokens_are_never_remembered_and_the_cache_stays_bounded() {
+        let auth = authenticator(5, 2);
+        let other = TokenMinter::new("another-secret-of-32-bytes-long!").mint(9, &[], 60);
+        for bad in ["garbage", other.as_str()] {
+            assert!(auth.authenticate(&bearer(bad)).is_err());
+        }
+        assert_eq!(auth.cached_here(), 0);
+        assert_eq!(
+            auth.authenticate(&HeaderMap::new()).err(),
+            Some("missing_token")
+        );
+        let minter = TokenMinter::new(SECRET);
+        for user in 1..=5 {
+            let token = minter.mint(user, &[], 60);
+            assert_eq!(
+                auth.authenticate(&bearer(&token)).expect("ok").user_id,
+                user
+            );
+            assert!(auth.cached_here() <= 2);
+        }
+    }
+
+    #[test]
+    fn with_no_capacity_nothing_is_remembered() {
+        let auth = authenticator(5, 0);
+        let token = TokenMinter::new(SECRET).mint(10, &[], 60);
+        assert!(auth.authenticate(&bearer(&token)).is_ok());
+        assert!(auth.authenticate(&bearer(&token)).is_ok());
+        assert_eq!(auth.cached_here(), 0);
+    }
 }

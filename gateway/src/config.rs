@@ -36,6 +36,9 @@ pub struct Settings {
     pub jwt_audience: String,
     /// Clock skew tolerated on `exp`/`nbf`/`iat`, seconds.
     pub jwt_leeway_secs: u64,
+    /// Verified tokens remembered per worker thread until they expire, so a client's next
+    /// request skips the signature check; 0: every request is verified in full.
+    pub jwt_cache_entries: usize,
     /// Key of the identity signature the gateway adds for backends.
     pub internal_key: Secret,
     /// seckill-api replicas, comma-separated base URLs; requests go round-robin.
@@ -99,6 +102,7 @@ impl Default for Settings {
             jwt_issuer: String::new(),
             jwt_audience: String::new(),
             jwt_leeway_secs: 5,
+            jwt_cache_entries: 10_000,
             internal_key: DEV_INTERNAL_KEY.into(),
             seckill_api_urls: "http://127.0.0.1:8081".into(),
             order_service_urls: "http://127.0.0.1:8082".into(),

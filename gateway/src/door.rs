@@ -44,11 +44,10 @@ use metrics::{Counter, Histogram};
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use seckill_auth::JwtVerifier;
 use seckill_http::error_response;
 use seckill_http::layers::{REQUEST_ID, is_usable_request_id, new_request_id};
 
-use crate::auth::{self, Caller};
+use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
 use crate::proxy::{self, ProxyState};
 use crate::ratelimit::{RateKey, RateLimits, Verdict, is_purchase};
@@ -58,7 +57,7 @@ pub struct Door {
     /// `/healthz`, `/readyz`, `/metrics`.
     pub ops: Router,
     /// Verifies bearer tokens.
-    pub verifier: JwtVerifier,
+    pub auth: Authenticator,
     /// Whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Arc<TrustedProxies>,
     /// The two quotas.
@@ -149,7 +148,7 @@ impl Door {
     /// Steps 4 to 7: who, rate limit, route, forward.
     async fn admit(&self, request: hyper::Request<Incoming>, peer: SocketAddr) -> Response {
         let client = self.trusted_proxies.client_ip(peer.ip(), request.headers());
-        let caller = auth::authenticate(&self.verifier, request.headers());
+        let caller = self.auth.authenticate(request.headers());
         let key = match &caller {
             Ok(caller) => RateKey::User(caller.user_id),
             Err(_) => RateKey::Client(client),
@@ -167,7 +166,7 @@ impl Door {
     async fn route(
         &self,
         request: hyper::Request<Incoming>,
-        caller: Result<Caller, &'static str>,
+        caller: Result<Arc<Caller>, &'static str>,
         peer: SocketAddr,
     ) -> Response {
         let Some(route) = proxy::route(request.uri().path()) else {

@@ -11,7 +11,7 @@ use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
 
 use crate::Settings;
-use crate::auth;
+use crate::auth::{self, Authenticator};
 use crate::door::{Door, InFlight};
 use crate::proxy::{PoolSettings, ProxyState, Upstreams};
 use crate::ratelimit::RateLimits;
@@ -61,7 +61,11 @@ impl Application {
         let housekeeping = rate_limits.clone();
         let door = Arc::new(Door {
             ops: seckill_http::layers::instrument(ops::router(probes), "gateway"),
-            verifier: auth::verifier(&settings)?,
+            auth: Authenticator::new(
+                auth::verifier(&settings)?,
+                settings.jwt_leeway_secs,
+                settings.jwt_cache_entries,
+            ),
             trusted_proxies,
             rate_limits,
             proxy: state,

@@ -35,8 +35,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Drops hop-by-hop headers, the client's Host and token (backends trust only the signed
 /// identity), records the client address and scheme, and makes sure a trace context travels
-/// on. Returns the trace id, for the logs.
-pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxies) -> String {
+/// on (its id: [`trace_id`]).
+pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxies) {
     strip_hop_by_hop(headers);
     headers.remove(HOST);
     headers.remove(AUTHORIZATION);
@@ -44,7 +44,7 @@ pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxi
         Some(previous) => format!("{previous}, {}", peer.ip()),
         None => peer.ip().to_string(),
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
         headers.insert(X_FORWARDED_FOR, value);
     }
     // The gateway listens on plain HTTP; only a trusted proxy in front (which ended TLS) can
@@ -56,30 +56,42 @@ pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxi
         .cloned()
         .unwrap_or(HeaderValue::from_static("http"));
     headers.insert(X_FORWARDED_PROTO, proto);
-    ensure_traceparent(headers)
+    ensure_traceparent(headers);
+}
+
+/// The trace id of the request's `traceparent`, once [`prepare`] made sure there is one.
+pub fn trace_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(&TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(trace_id_of)
 }
 
 /// Keeps a caller's well-formed `traceparent` (the gateway records no spans of its own, so
 /// the caller's span stays the parent); otherwise starts a trace, sampled, and drops any
-/// `tracestate` that belonged to the discarded one. Returns the trace id.
-fn ensure_traceparent(headers: &mut HeaderMap) -> String {
-    if let Some(trace_id) = headers
-        .get(&TRACEPARENT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(trace_id_of)
-    {
-        return trace_id.to_string();
+/// `tracestate` that belonged to the discarded one.
+fn ensure_traceparent(headers: &mut HeaderMap) {
+    if trace_id(headers).is_some() {
+        return;
     }
     headers.remove(&TRACESTATE);
+    let mut value = *b"00-00000000000000000000000000000000-0000000000000000-01";
     // Zero ids are invalid (W3C trace context §3.2.2.3-4); `| 1` rules them out.
-    let trace_id = format!("{:032x}", rand::random::<u128>() | 1);
-    let parent_id = format!("{:016x}", rand::random::<u64>() | 1);
-    let value = format!("00-{trace_id}-{parent_id}-01");
+    write_hex(&mut value[3..35], rand::random::<u128>() | 1);
+    write_hex(&mut value[36..52], u128::from(rand::random::<u64>() | 1));
     headers.insert(
         TRACEPARENT,
-        HeaderValue::from_str(&value).expect("hex and dashes"),
+        HeaderValue::from_bytes(&value).expect("hex and dashes"),
     );
-    trace_id
+}
+
+/// Writes the low `out.len()` hex digits of `number` into `out`, lower case.
+fn write_hex(out: &mut [u8], mut number: u128) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for digit in out.iter_mut().rev() {
+        *digit = DIGITS[(number & 0xf) as usize];
+        number >>= 4;
+    }
 }
 
 /// The trace id of a version-00 `traceparent`, if it is well formed.
@@ -116,17 +128,20 @@ mod tests {
     fn a_valid_traceparent_is_kept_and_a_missing_one_is_created() {
         let mut headers = HeaderMap::new();
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
-        assert_eq!(
-            ensure_traceparent(&mut headers),
-            "4bf92f3577b34da6a3ce929d0e0e4736"
-        );
+        ensure_traceparent(&mut headers);
         assert_eq!(headers[&TRACEPARENT], VALID);
+        assert_eq!(trace_id(&headers), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
 
-        let mut headers = HeaderMap::new();
-        let trace_id = ensure_traceparent(&mut headers);
-        let created = headers[&TRACEPARENT].to_str().expect("ascii").to_string();
-        assert_eq!(trace_id_of(&created), Some(trace_id.as_str()), "{created}");
-        assert!(created.starts_with("00-") && created.ends_with("-01"));
+        let mut created = std::collections::HashSet::new();
+        for _ in 0..100 {
+            let mut headers = HeaderMap::new();
+            ensure_traceparent(&mut headers);
+            let value = headers[&TRACEPARENT].to_str().expect("ascii").to_string();
+            assert!(trace_id_of(&value).is_some(), "{value}");
+            assert!(value.starts_with("00-") && value.ends_with("-01"));
+            created.insert(value);
+        }
+        assert_eq!(created.len(), 100, "every new trace has ids of its own");
     }
 
     #[test]

@@ -142,8 +142,10 @@ pub async fn forward(
         }
     };
     let mut headers = parts.headers;
-    let trace_id = headers::prepare(&mut headers, peer, &state.trusted_proxies);
-    tracing::Span::current().record("trace_id", trace_id.as_str());
+    headers::prepare(&mut headers, peer, &state.trusted_proxies);
+    if let Some(trace_id) = headers::trace_id(&headers) {
+        tracing::Span::current().record("trace_id", trace_id);
+    }
     // sign_into first removes every identity header the client may have sent.
     state
         .signer
