@@ -16,6 +16,7 @@
 #   scripts/bench-gateway.sh                      # 64 connections, 10 s runs, 3 rounds
 #   scripts/bench-gateway.sh -c 256 -d 20 -r 5
 #   scripts/bench-gateway.sh --profile            # then perf-profile the gateway in one more run
+#   scripts/bench-gateway.sh --baseline /tmp/gateway-old   # A/B: another gateway build as a 4th path
 #
 # Installs nginx-light and wrk with apt-get when missing (as root or through sudo). Starts
 # nothing it does not stop again; the shared Postgres/Redis/RabbitMQ are not used.
@@ -39,6 +40,8 @@ usage: scripts/bench-gateway.sh [options]
                        0: skip): the latency each proxy adds when nothing queues
       --path PATH      request path; must be one the gateway routes (default /api/products/1)
       --profile        after the rounds, one more gateway run under \`perf record\` (top symbols)
+      --baseline BIN   another gateway binary (e.g. a build of an older commit), run with the
+                       same settings as a fourth path in every round: an A/B of two builds
       --no-build       use the binaries already in target/release
       --keep           keep the work directory (configs, logs, raw wrk output)
   -h, --help           this text
@@ -53,6 +56,7 @@ warmup=3
 path=/api/products/1
 probe=1
 profile=0
+baseline=
 build=1
 keep=0
 while (($# > 0)); do
@@ -65,6 +69,7 @@ while (($# > 0)); do
     --path) path=${2:?}; shift ;;
     --probe) probe=${2:?}; shift ;;
     --profile) profile=1 ;;
+    --baseline) baseline=${2:?}; shift ;;
     --no-build) build=0 ;;
     --keep) keep=1 ;;
     -h | --help) usage; exit 0 ;;
@@ -78,6 +83,7 @@ done
 [[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be a whole number of seconds"
 [[ $probe =~ ^[0-9]+$ ]] || die "--probe must be a whole number of connections"
 ((connections >= threads)) || die "wrk needs at least one connection per thread"
+[ -z "$baseline" ] || [ -x "$baseline" ] || die "--baseline $baseline is not an executable"
 [[ $path == /* ]] || die "--path must start with /"
 
 install_missing() {
@@ -159,7 +165,8 @@ free_port() {
 free_port >"$WORK/port"; UPSTREAM_PORT=$(<"$WORK/port")
 free_port >"$WORK/port"; GATEWAY_PORT_BENCH=$(<"$WORK/port")
 free_port >"$WORK/port"; NGINX_PORT=$(<"$WORK/port")
-taken=("$UPSTREAM_PORT" "$GATEWAY_PORT_BENCH" "$NGINX_PORT")
+free_port >"$WORK/port"; BASELINE_PORT=$(<"$WORK/port")
+taken=("$UPSTREAM_PORT" "$GATEWAY_PORT_BENCH" "$NGINX_PORT" "$BASELINE_PORT")
 
 render() { # render TEMPLATE OUT
     sed -e "s|@WORK@|$WORK|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM_PORT|g" \
@@ -197,30 +204,42 @@ say "nginx proxy: 127.0.0.1:$NGINX_PORT (pid $PROXY_PID)"
 # refused. Everything else at its defaults. SECKILL_CONFIG and RUST_LOG of the caller would
 # change what is measured, so they are dropped.
 HIGH=1000000
-env -u SECKILL_CONFIG -u RUST_LOG \
-    SECKILL_HOST=127.0.0.1 \
-    SECKILL_GATEWAY_PORT="$GATEWAY_PORT_BENCH" \
-    SECKILL_GATEWAY_SECKILL_API_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
-    SECKILL_GATEWAY_ORDER_SERVICE_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
-    SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
-    SECKILL_GATEWAY_RATE_LIMIT_ENABLED=true \
-    SECKILL_GATEWAY_RATE_LIMIT_BACKEND=memory \
-    SECKILL_GATEWAY_RATE_DEFAULT_PER_SEC=$HIGH \
-    SECKILL_GATEWAY_RATE_DEFAULT_BURST=$HIGH \
-    SECKILL_GATEWAY_RATE_PURCHASE_PER_SEC=$HIGH \
-    SECKILL_GATEWAY_RATE_PURCHASE_BURST=$HIGH \
-    SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024)) \
-    SECKILL_GATEWAY_LOG_FILTER=warn \
-    SECKILL_LOG_FORMAT=json \
-    "$BIN_DIR/gateway" </dev/null >"$WORK/gateway.log" 2>&1 &
-GATEWAY_PID=$!
-pids+=("$GATEWAY_PID")
-gateway_ready() {
-    alive "$GATEWAY_PID" || { tail -n 20 "$WORK/gateway.log" >&2; die "the gateway exited"; }
-    http_ok "http://127.0.0.1:$GATEWAY_PORT_BENCH/readyz"
+# start_gateway NAME BINARY PORT: starts a gateway, waits until it is ready; its pid goes to
+# `pids` and to NAME_PID.
+start_gateway() {
+    local name=$1 bin=$2 port=$3 pid
+    env -u SECKILL_CONFIG -u RUST_LOG \
+        SECKILL_HOST=127.0.0.1 \
+        SECKILL_GATEWAY_PORT="$port" \
+        SECKILL_GATEWAY_SECKILL_API_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
+        SECKILL_GATEWAY_ORDER_SERVICE_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
+        SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
+        SECKILL_GATEWAY_RATE_LIMIT_ENABLED=true \
+        SECKILL_GATEWAY_RATE_LIMIT_BACKEND=memory \
+        SECKILL_GATEWAY_RATE_DEFAULT_PER_SEC=$HIGH \
+        SECKILL_GATEWAY_RATE_DEFAULT_BURST=$HIGH \
+        SECKILL_GATEWAY_RATE_PURCHASE_PER_SEC=$HIGH \
+        SECKILL_GATEWAY_RATE_PURCHASE_BURST=$HIGH \
+        SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024)) \
+        SECKILL_GATEWAY_LOG_FILTER=warn \
+        SECKILL_LOG_FORMAT=json \
+        "$bin" </dev/null >"$WORK/$name.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    printf -v "${name^^}_PID" '%s' "$pid"
+    gateway_ready() {
+        alive "$pid" || { tail -n 20 "$WORK/$name.log" >&2; die "$name exited"; }
+        http_ok "http://127.0.0.1:$port/readyz"
+    }
+    wait_until 30 "$name" gateway_ready || { tail -n 20 "$WORK/$name.log" >&2; exit 1; }
+    say "$name: 127.0.0.1:$port (pid $pid, $bin)"
 }
-wait_until 30 "gateway" gateway_ready || { tail -n 20 "$WORK/gateway.log" >&2; exit 1; }
-say "gateway: 127.0.0.1:$GATEWAY_PORT_BENCH (pid $GATEWAY_PID)"
+start_gateway gateway "$BIN_DIR/gateway" "$GATEWAY_PORT_BENCH"
+paths=(direct gateway nginx)
+if [ -n "$baseline" ]; then
+    start_gateway baseline "$baseline" "$BASELINE_PORT"
+    paths+=(baseline)
+fi
 
 TOKEN=$("$BIN_DIR/seckill-token" --sub 42 --ttl-secs 86400)
 AUTH="Authorization: Bearer $TOKEN"
@@ -230,12 +249,13 @@ url_of() {
     direct) echo "http://127.0.0.1:$UPSTREAM_PORT$path" ;;
     gateway) echo "http://127.0.0.1:$GATEWAY_PORT_BENCH$path" ;;
     nginx) echo "http://127.0.0.1:$NGINX_PORT$path" ;;
+    baseline) echo "http://127.0.0.1:$BASELINE_PORT$path" ;;
     esac
 }
 
 # Sanity: each path answers the upstream's body, the gateway refuses a missing token and
 # shows its rate-limit headers (the limiter is in the path).
-for target in direct gateway nginx; do
+for target in "${paths[@]}"; do
     body=$(curl -fsS --max-time 3 -H "$AUTH" "$(url_of "$target")") ||
         die "$target: $(url_of "$target") did not answer 2xx"
     [ "$body" = '{"id":1}' ] || die "$target answered $body, not the upstream's body"
@@ -291,6 +311,7 @@ measure() {
     case $target in
     gateway) proxy_pids=("$GATEWAY_PID") ;;
     nginx) proxy_pids=("$PROXY_PID") ;;
+    baseline) proxy_pids=("$BASELINE_PID") ;;
     esac
     up0=$(cpu_ticks "$UPSTREAM_PID")
     px0=0
@@ -321,7 +342,7 @@ measure() {
 
 if ((warmup > 0)); then
     say "warm-up: ${warmup}s per path (not counted)"
-    for target in direct gateway nginx; do
+    for target in "${paths[@]}"; do
         run_wrk "$target" "$warmup" "$WORK/wrk/warmup-$target.txt"
     done
 fi
@@ -330,13 +351,17 @@ orders=("direct gateway nginx" "nginx gateway direct" "gateway direct nginx"
     "direct nginx gateway" "nginx direct gateway" "gateway nginx direct")
 say "measuring: wrk -t$threads -c$connections -d${duration}s --latency, $rounds round(s)"
 for ((r = 1; r <= rounds; r++)); do
-    for target in ${orders[$(((r - 1) % ${#orders[@]}))]}; do
+    # shellcheck disable=SC2206 # the order is a list of words
+    order=(${orders[$(((r - 1) % ${#orders[@]}))]})
+    # The baseline build takes a different place in each round too.
+    [ -n "$baseline" ] && order=("${order[@]:0:$(((r - 1) % 4))}" baseline "${order[@]:$(((r - 1) % 4))}")
+    for target in "${order[@]}"; do
         measure "$r" "$target"
     done
 done
 if ((probe > 0)); then
     say "unloaded latency: wrk -t1 -c$probe -d${duration}s per path"
-    for target in direct gateway nginx; do
+    for target in "${paths[@]}"; do
         measure "c$probe" "$target" "$probe" 1
     done
 fi
@@ -349,7 +374,7 @@ median_of() { # median_of TARGET COLUMN [ROUND-PATTERN]: median over the loaded 
         sort -g |
         awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
-row() { printf '| %-6s | %-7s | %8s | %7s | %7s | %7s | %10s | %13s | %8s | %6s |\n' "$@"; }
+row() { printf '| %-6s | %-8s | %8s | %7s | %7s | %7s | %10s | %13s | %8s | %6s |\n' "$@"; }
 
 echo
 echo "Gateway vs nginx: wrk -t$threads -c$connections -d${duration}s, GET $path, $rounds round(s), $(nproc) CPU(s), load average before: $LOAD_BEFORE"
@@ -357,9 +382,9 @@ echo "CPU columns: CPU time per request (µs) of the proxy (gateway or nginx mas
 echo "other: share of the machine's CPU used by anything else during the run (kernel threads, other tenants)."
 echo
 row round path 'req/s' 'p50 ms' 'p99 ms' non-2xx 'proxy µs' 'upstream µs' 'wrk µs' other
-echo '|--------|---------|---------:|--------:|--------:|--------:|-----------:|--------------:|---------:|-------:|'
-awk -F'\t' 'NR > 1 { printf "| %-6s | %-7s | %8s | %7s | %7s | %7s | %10s | %13s | %8s | %5s%% |\n", $1, $2, $3, $4, $5, $6 + $7, $8, $9, $10, $11 }' "$RESULTS"
-for target in direct gateway nginx; do
+echo '|--------|----------|---------:|--------:|--------:|--------:|-----------:|--------------:|---------:|-------:|'
+awk -F'\t' 'NR > 1 { printf "| %-6s | %-8s | %8s | %7s | %7s | %7s | %10s | %13s | %8s | %5s%% |\n", $1, $2, $3, $4, $5, $6 + $7, $8, $9, $10, $11 }' "$RESULTS"
+for target in "${paths[@]}"; do
     row median "$target" "$(median_of "$target" 3)" "$(median_of "$target" 4)" "$(median_of "$target" 5)" "" \
         "$(median_of "$target" 8)" "$(median_of "$target" 9)" "$(median_of "$target" 10)" "$(median_of "$target" 11)%"
 done
@@ -377,6 +402,12 @@ awk -v d="$(median_of direct 3)" -v g="$(median_of gateway 3)" -v n="$(median_of
         verdict = (g / n >= 1.0 ? "met" : "not met") " / " (gp - dp <= 1.0 ? "met" : "not met")
         printf "goals at -c%s (throughput / p99)  %s\n", c, verdict
     }'
+if [ -n "$baseline" ]; then
+    awk -v g="$(median_of gateway 3)" -v b="$(median_of baseline 3)" \
+        -v gc="$(median_of gateway 8)" -v bc="$(median_of baseline 8)" 'BEGIN {
+        printf "gateway / baseline throughput %.2fx; CPU per request %.1f vs %.1f us (%.2fx)\n", g / b, gc, bc, gc / bc
+    }'
+fi
 if ((probe > 0)); then
     awk -F'\t' -v r="c$probe" '
         $1 == r { p99[$2] = $5; p50[$2] = $4; rps[$2] = $3 }
