@@ -126,7 +126,7 @@ fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
             let upstreams = upstreams.clone();
             Box::pin(async move {
                 let request = axum::http::Request::get("/healthz")
-                    .body(http_body_util::Full::default())
+                    .body(axum::body::Bytes::new())
                     .map_err(|e| e.to_string())?;
                 let response = upstreams
                     .first()

@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::Response;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 
 use seckill_auth::IdentitySigner;
@@ -151,7 +151,7 @@ pub async fn forward(
         .signer
         .sign_into(&mut headers, caller.user_id, &caller.roles);
 
-    let mut request = hyper::Request::new(Full::new(body));
+    let mut request = hyper::Request::new(body);
     *request.method_mut() = parts.method;
     *request.uri_mut() = parts
         .uri

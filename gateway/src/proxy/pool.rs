@@ -1,38 +1,34 @@
-//! Connections to one replica, each driven by the request that holds it.
+//! Connections to one replica, and the HTTP/1.1 exchange over them.
 //!
-//! hyper-util's pooled client runs every connection as a task of its own: a request goes to
-//! that task through a channel, the response head comes back through another and each body
-//! frame through a third — several task wake-ups per request, cross-thread ones on a
-//! multi-threaded runtime. Here a request leases an idle connection for itself and its own
-//! task drives it (hyper's low-level `client::conn::http1`, so parsing is still hyper's)
-//! while it waits for the answer: the only wake-ups left are the socket's.
+//! The gateway speaks to its replicas in the narrowest HTTP/1.1 there is: one request at a
+//! time per connection, the request written in one buffer (head and body: the body was read
+//! whole at the door), the answer parsed with `httparse` and read whole (`Content-Length`,
+//! chunked, or until the replica closes). No channels and no task of its own: the request's
+//! task writes and reads the socket itself. A general client (hyper's, used before) pays per
+//! request for a dispatch channel, a response channel, a body channel and re-encoding a
+//! header map; here that was about a quarter of the gateway's user-space CPU.
 //!
-//! Idle connections are kept per thread (no lock; on a current-thread runtime a connection
-//! stays with the reactor its socket is registered with), newest on top. Before reuse a
-//! connection is polled once: one the replica closed while it was idle is dropped, not used.
+//! Idle connections are kept per thread (no lock; on a current-thread runtime a socket stays
+//! with the reactor it is registered with), newest on top. Before reuse a connection is
+//! checked without blocking: one the replica closed while it was idle is dropped, not used.
 //!
-//! Never twice: a request moves to another connection only when hyper hands it back unsent
-//! (the leased connection turned out closed before a byte was written). Once written, any
-//! failure is [`ExchangeError::Failed`] and the caller must not retry it — a purchase may have
-//! reached the replica.
+//! Never twice: a request moves to another connection only when not one byte of it was
+//! accepted (a connect failure, or the first write on a reused connection refused because
+//! the replica had closed it). Once a byte is out, any failure is [`ExchangeError::Failed`]
+//! and the caller must not retry it — a purchase may have reached the replica.
 
 use std::cell::RefCell;
-use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
-use std::task::{Context, Poll, Waker};
+use std::io;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::header::HOST;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use axum::http::uri::Authority;
-use axum::http::{HeaderValue, Request, Response};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use bytes::{Buf, BytesMut};
 use thread_local::ThreadLocal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-type Connection = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 
 /// How connections to a replica are made and kept.
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +63,7 @@ pub enum ExchangeError {
         /// What went wrong.
         reason: String,
         /// The request, unsent.
-        request: Box<Request<Full<Bytes>>>,
+        request: Box<Request<Bytes>>,
     },
     /// The request may have reached the replica: it must not be sent again.
     #[error("exchange failed: {0}")]
@@ -77,15 +73,15 @@ pub enum ExchangeError {
     TooLarge(usize),
 }
 
-/// A connection leased to one request: the sending half and the connection to drive, which
-/// is `None` once it has ended.
-struct Lease {
-    send: SendRequest<Full<Bytes>>,
-    connection: Option<Connection>,
+/// An open connection and what was read from it beyond the last answer (always nothing
+/// between exchanges: a connection with stray bytes is not kept).
+struct Connection {
+    stream: TcpStream,
+    read: BytesMut,
 }
 
 struct Idle {
-    lease: Lease,
+    connection: Connection,
     since: Instant,
 }
 
@@ -108,6 +104,11 @@ impl std::fmt::Debug for Pool {
             .finish_non_exhaustive()
     }
 }
+
+/// Headers a parsed answer may have at most.
+const MAX_RESPONSE_HEADERS: usize = 100;
+/// Largest answer head (status line and headers).
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 impl Pool {
     /// Connections to the replica at `authority` (`host[:port]`, port 80 when absent).
@@ -135,71 +136,53 @@ impl Pool {
         &self.host
     }
 
-    /// Sends `request` (origin-form URI, headers as they should be forwarded, `Host` set
-    /// here) and reads the whole answer.
+    /// Sends `request` (origin-form URI, headers as they should be forwarded; `Host` and the
+    /// body's framing are set here) and reads the whole answer.
     pub async fn exchange(
         &self,
-        mut request: Request<Full<Bytes>>,
+        request: Request<Bytes>,
     ) -> Result<Response<Bytes>, ExchangeError> {
-        request.headers_mut().insert(HOST, self.host.clone());
-        let unsent = |reason: String, request| ExchangeError::Connect {
+        let wire = encode(&request, &self.host);
+        let head_only = request.method() == Method::HEAD;
+        let unsent = |reason: String| ExchangeError::Connect {
             reason,
             request: Box::new(request),
         };
-        loop {
-            let (lease, reused) = match self.checkout() {
-                Some(lease) => (lease, true),
+        let mut connection = loop {
+            let (mut connection, reused) = match self.checkout() {
+                Some(connection) => (connection, true),
                 None => match self.connect().await {
-                    Ok(lease) => (lease, false),
-                    Err(reason) => return Err(unsent(reason, request)),
+                    Ok(connection) => (connection, false),
+                    Err(reason) => return Err(unsent(reason)),
                 },
             };
-            let Lease {
-                mut send,
-                mut connection,
-            } = lease;
-            if let Err(e) = driving(&mut connection, send.ready()).await {
-                if reused {
-                    continue;
+            // The first write decides: refused whole, nothing of the request left.
+            match connection.stream.write(&wire).await {
+                Ok(0) | Err(_) if reused => continue,
+                Ok(0) => return Err(unsent("connection closed".into())),
+                Err(e) => return Err(unsent(e.to_string())),
+                Ok(written) => {
+                    if written < wire.len() {
+                        connection
+                            .stream
+                            .write_all(&wire[written..])
+                            .await
+                            .map_err(|e| ExchangeError::Failed(e.to_string()))?;
+                    }
+                    break connection;
                 }
-                return Err(unsent(e.to_string(), request));
             }
-            let response = match driving(&mut connection, send.try_send_request(request)).await {
-                Ok(response) => response,
-                Err(mut e) => match e.take_message() {
-                    // Handed back unwritten: the connection closed under us.
-                    Some(back) if reused => {
-                        request = back;
-                        continue;
-                    }
-                    Some(back) => return Err(unsent(e.into_error().to_string(), back)),
-                    None => return Err(ExchangeError::Failed(e.into_error().to_string())),
-                },
-            };
-            let (parts, body) = response.into_parts();
-            let limit = self.settings.max_response_bytes;
-            let body = driving(&mut connection, Limited::new(body, limit).collect())
-                .await
-                .map_err(|e| {
-                    if e.is::<LengthLimitError>() {
-                        ExchangeError::TooLarge(limit)
-                    } else {
-                        ExchangeError::Failed(e.to_string())
-                    }
-                })?
-                .to_bytes();
-            if let Some(connection) = connection {
-                self.checkin(Lease {
-                    send,
-                    connection: Some(connection),
-                });
-            }
-            return Ok(Response::from_parts(parts, body));
+        };
+        let (response, keep) =
+            read_response(&mut connection, head_only, self.settings.max_response_bytes).await?;
+        if keep && connection.read.is_empty() {
+            self.checkin(connection);
         }
+        Ok(response)
     }
 
     /// A new connection; the error says why there is none.
-    async fn connect(&self) -> Result<Lease, String> {
+    async fn connect(&self) -> Result<Connection, String> {
         let connect = TcpStream::connect(self.address.as_str());
         let stream = match tokio::time::timeout(self.settings.connect_timeout, connect).await {
             Ok(Ok(stream)) => stream,
@@ -207,41 +190,33 @@ impl Pool {
             Err(_) => return Err("connect timed out".into()),
         };
         let _ = stream.set_nodelay(true);
-        let (send, connection) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(Lease {
-            send,
-            connection: Some(connection),
+        Ok(Connection {
+            stream,
+            read: BytesMut::with_capacity(4096),
         })
     }
 
     /// The newest idle connection of this thread that is still open.
-    fn checkout(&self) -> Option<Lease> {
+    fn checkout(&self) -> Option<Connection> {
         let mut idle = self.idle.get_or_default().borrow_mut();
-        while let Some(Idle { mut lease, since }) = idle.pop() {
+        while let Some(Idle { connection, since }) = idle.pop() {
             if since.elapsed() > self.settings.idle_timeout {
                 // Newest on top: everything below is older still.
                 idle.clear();
                 return None;
             }
-            if still_open(&mut lease) {
-                return Some(lease);
+            if still_open(&connection) {
+                return Some(connection);
             }
         }
         None
     }
 
-    fn checkin(&self, mut lease: Lease) {
-        // A `Connection: close` answer, or a replica that hung up: the connection ends on
-        // this poll and is not kept.
-        if !still_open(&mut lease) {
-            return;
-        }
+    fn checkin(&self, connection: Connection) {
         let mut idle = self.idle.get_or_default().borrow_mut();
         if idle.len() < self.settings.max_idle_per_thread {
             idle.push(Idle {
-                lease,
+                connection,
                 since: Instant::now(),
             });
         }
@@ -253,32 +228,235 @@ impl Pool {
     }
 }
 
-/// Polls the connection once without a task to wake: pending means it is open and idle.
-fn still_open(lease: &mut Lease) -> bool {
-    let Some(connection) = lease.connection.as_mut() else {
-        return false;
-    };
-    let mut cx = Context::from_waker(Waker::noop());
-    Pin::new(connection).poll(&mut cx).is_pending()
+/// Whether an idle connection is still open: nothing to read yet. End of stream (the
+/// replica closed it), stray bytes or an error all mean it must not be used. Asks the
+/// socket itself (a non-blocking peek), not tokio's readiness, which learns of a close only
+/// when the reactor next turns.
+fn still_open(connection: &Connection) -> bool {
+    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    matches!(
+        socket2::SockRef::from(&connection.stream).peek(&mut probe),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock
+    )
 }
 
-/// Awaits `work` while driving `connection` (which writes the request, reads the answer and
-/// feeds both to `work`); once the connection has ended, `work` alone, which then learns of
-/// the end through hyper's channels.
-async fn driving<F: Future>(connection: &mut Option<Connection>, work: F) -> F::Output {
-    let mut work = pin!(work);
-    poll_fn(|cx| {
-        if let Some(open) = connection.as_mut()
-            && let Poll::Ready(ended) = Pin::new(open).poll(cx)
+/// The request as it goes on the wire: request line, `Host`, the forwarded headers (any
+/// framing header the client sent is replaced), `Content-Length` when there is a body or
+/// the method usually carries one, the blank line, the body.
+fn encode(request: &Request<Bytes>, host: &HeaderValue) -> Vec<u8> {
+    let body = request.body();
+    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    let mut wire =
+        Vec::with_capacity(256 + target.len() + body.len() + 64 * request.headers().len());
+    wire.extend_from_slice(request.method().as_str().as_bytes());
+    wire.push(b' ');
+    wire.extend_from_slice(target.as_bytes());
+    wire.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    wire.extend_from_slice(host.as_bytes());
+    wire.extend_from_slice(b"\r\n");
+    for (name, value) in request.headers() {
+        if name == HOST || name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION
         {
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "upstream connection ended");
-            }
-            *connection = None;
+            continue;
         }
-        work.as_mut().poll(cx)
-    })
-    .await
+        wire.extend_from_slice(name.as_str().as_bytes());
+        wire.extend_from_slice(b": ");
+        wire.extend_from_slice(value.as_bytes());
+        wire.extend_from_slice(b"\r\n");
+    }
+    let carries_body = !body.is_empty()
+        || matches!(
+            *request.method(),
+            Method::POST | Method::PUT | Method::PATCH
+        );
+    if carries_body {
+        wire.extend_from_slice(b"content-length: ");
+        wire.extend_from_slice(body.len().to_string().as_bytes());
+        wire.extend_from_slice(b"\r\n");
+    }
+    wire.extend_from_slice(b"\r\n");
+    wire.extend_from_slice(body);
+    wire
+}
+
+/// Reads one whole answer from `connection`; whether the connection may be used again.
+async fn read_response(
+    connection: &mut Connection,
+    head_only: bool,
+    max_body: usize,
+) -> Result<(Response<Bytes>, bool), ExchangeError> {
+    let failed = |what: &str| ExchangeError::Failed(what.to_string());
+    let (status, headers, keep_alive) = loop {
+        let parsed = {
+            let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+            let mut head = httparse::Response::new(&mut slots);
+            match head.parse(&connection.read) {
+                Ok(httparse::Status::Complete(length)) => {
+                    let status = head.code.ok_or_else(|| failed("no status"))?;
+                    let keep_alive = head.version == Some(1);
+                    let mut headers = HeaderMap::with_capacity(head.headers.len());
+                    for header in head.headers.iter() {
+                        let name = HeaderName::from_bytes(header.name.as_bytes())
+                            .map_err(|_| failed("bad header name in the answer"))?;
+                        let value = HeaderValue::from_bytes(header.value)
+                            .map_err(|_| failed("bad header value in the answer"))?;
+                        headers.append(name, value);
+                    }
+                    Some((length, status, headers, keep_alive))
+                }
+                Ok(httparse::Status::Partial) => None,
+                Err(e) => return Err(ExchangeError::Failed(format!("bad answer head: {e}"))),
+            }
+        };
+        match parsed {
+            Some((length, status, headers, keep_alive)) => {
+                connection.read.advance(length);
+                // An interim answer (100 Continue and the like): the real one follows.
+                if (100..200).contains(&status) && status != 101 {
+                    continue;
+                }
+                break (status, headers, keep_alive);
+            }
+            None if connection.read.len() > MAX_RESPONSE_HEAD => {
+                return Err(failed("answer head too large"));
+            }
+            None => fill(connection).await?,
+        }
+    };
+    let status = StatusCode::from_u16(status).map_err(|_| failed("bad status"))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(failed("the replica switched protocols"));
+    }
+    let mut keep = keep_alive && !has_token(&headers, &CONNECTION, "close");
+    let body =
+        if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            Bytes::new()
+        } else if let Some(codings) = headers.get(TRANSFER_ENCODING) {
+            let chunked = codings
+                .to_str()
+                .ok()
+                .and_then(|c| c.rsplit(',').next())
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            if chunked {
+                read_chunked(connection, max_body).await?
+            } else {
+                keep = false;
+                read_to_end(connection, max_body).await?
+            }
+        } else if let Some(length) = headers.get(CONTENT_LENGTH) {
+            let length: usize = length
+                .to_str()
+                .ok()
+                .and_then(|l| l.trim().parse().ok())
+                .ok_or_else(|| failed("bad content-length in the answer"))?;
+            if length > max_body {
+                return Err(ExchangeError::TooLarge(max_body));
+            }
+            read_exactly(connection, length).await?
+        } else {
+            keep = false;
+            read_to_end(connection, max_body).await?
+        };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok((response, keep))
+}
+
+/// Reads more into the connection's buffer; the end of the stream here is a failure.
+async fn fill(connection: &mut Connection) -> Result<(), ExchangeError> {
+    connection.read.reserve(4096);
+    match connection.stream.read_buf(&mut connection.read).await {
+        Ok(0) => Err(ExchangeError::Failed(
+            "the replica closed the connection mid-answer".into(),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(ExchangeError::Failed(e.to_string())),
+    }
+}
+
+async fn read_exactly(connection: &mut Connection, length: usize) -> Result<Bytes, ExchangeError> {
+    if connection.read.len() < length {
+        connection.read.reserve(length - connection.read.len());
+    }
+    while connection.read.len() < length {
+        fill(connection).await?;
+    }
+    Ok(connection.read.split_to(length).freeze())
+}
+
+async fn read_to_end(connection: &mut Connection, max_body: usize) -> Result<Bytes, ExchangeError> {
+    loop {
+        if connection.read.len() > max_body {
+            return Err(ExchangeError::TooLarge(max_body));
+        }
+        connection.read.reserve(4096);
+        match connection.stream.read_buf(&mut connection.read).await {
+            Ok(0) => return Ok(connection.read.split().freeze()),
+            Ok(_) => {}
+            Err(e) => return Err(ExchangeError::Failed(e.to_string())),
+        }
+    }
+}
+
+/// Decodes a chunked body (RFC 9112 §7.1), trailers read and dropped.
+async fn read_chunked(
+    connection: &mut Connection,
+    max_body: usize,
+) -> Result<Bytes, ExchangeError> {
+    let mut body = BytesMut::new();
+    loop {
+        let (size_line, size) = loop {
+            match httparse::parse_chunk_size(&connection.read) {
+                Ok(httparse::Status::Complete((used, size))) => break (used, size),
+                Ok(httparse::Status::Partial) if connection.read.len() > 1024 => {
+                    return Err(ExchangeError::Failed("bad chunk size line".into()));
+                }
+                Ok(httparse::Status::Partial) => fill(connection).await?,
+                Err(_) => return Err(ExchangeError::Failed("bad chunk size".into())),
+            }
+        };
+        connection.read.advance(size_line);
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        if size == 0 {
+            break;
+        }
+        if body.len().saturating_add(size) > max_body {
+            return Err(ExchangeError::TooLarge(max_body));
+        }
+        let chunk = read_exactly(connection, size).await?;
+        body.extend_from_slice(&chunk);
+        let crlf = read_exactly(connection, 2).await?;
+        if crlf.as_ref() != b"\r\n" {
+            return Err(ExchangeError::Failed("chunk not followed by CRLF".into()));
+        }
+    }
+    // Trailer fields, each a line, until the empty line.
+    loop {
+        let line_end = loop {
+            if let Some(at) = connection.read.windows(2).position(|w| w == b"\r\n") {
+                break at;
+            }
+            if connection.read.len() > MAX_RESPONSE_HEAD {
+                return Err(ExchangeError::Failed("trailers too large".into()));
+            }
+            fill(connection).await?;
+        };
+        connection.read.advance(line_end + 2);
+        if line_end == 0 {
+            return Ok(body.freeze());
+        }
+    }
+}
+
+/// Whether a comma-separated header holds `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]
@@ -299,6 +477,9 @@ mod tests {
         AnswerThenHangUp(&'static str),
         /// Close the connection without answering.
         Hangup,
+        /// Answer in pieces, each written on its own a little after the one before, then
+        /// keep the connection open.
+        Pieces(&'static [&'static str]),
     }
 
     struct Replica {
@@ -352,6 +533,14 @@ mod tests {
                                 break;
                             }
                             Reply::Hangup => break,
+                            Reply::Pieces(pieces) => {
+                                for piece in pieces {
+                                    stream.write_all(piece.as_bytes()).await.expect("write");
+                                    // Not a wait for anything: a gap, so that the pieces
+                                    // arrive in separate reads.
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                            }
                         }
                     }
                     drop(stream);
@@ -368,8 +557,8 @@ mod tests {
         }
     }
 
-    fn get(path: &str) -> Request<Full<Bytes>> {
-        Request::get(path).body(Full::default()).expect("request")
+    fn get(path: &str) -> Request<Bytes> {
+        Request::get(path).body(Bytes::new()).expect("request")
     }
 
     fn pool_with(address: &str, settings: PoolSettings) -> Pool {
@@ -484,6 +673,103 @@ mod tests {
             matches!(refused, Err(ExchangeError::TooLarge(4))),
             "{refused:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn an_answer_arriving_in_pieces_is_put_together() {
+        let replica = scripted(|_| {
+            Reply::Pieces(&[
+                "HTTP/1.1 200 OK\r\ncontent-le",
+                "ngth: 11\r\nx-a: 1\r\n\r\nhello",
+                " world",
+            ])
+        })
+        .await;
+        let pool = pool(&replica);
+        for _ in 0..2 {
+            let response = pool.exchange(get("/")).await.expect("exchange");
+            assert_eq!(response.headers()["x-a"], "1");
+            assert_eq!(response.body().as_ref(), b"hello world");
+        }
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn interim_and_bodiless_answers_are_framed_right() {
+        let replica = scripted(|n| match n {
+            0 => Reply::Answer(
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+            ),
+            1 => Reply::Answer("HTTP/1.1 204 No Content\r\n\r\n"),
+            // A HEAD answer announces a length but carries no body.
+            2 => Reply::Answer("HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n"),
+            _ => Reply::Answer(OK),
+        })
+        .await;
+        let pool = pool(&replica);
+        let created = pool.exchange(get("/")).await.expect("exchange");
+        assert_eq!(
+            (created.status(), created.body().as_ref()),
+            (StatusCode::CREATED, &b"ok"[..])
+        );
+        let empty = pool.exchange(get("/")).await.expect("exchange");
+        assert_eq!(
+            (empty.status(), empty.body().len()),
+            (StatusCode::NO_CONTENT, 0)
+        );
+        let head = Request::head("/").body(Bytes::new()).expect("request");
+        let head = pool.exchange(head).await.expect("exchange");
+        assert_eq!(
+            (
+                head.headers()["content-length"].as_bytes(),
+                head.body().len()
+            ),
+            (&b"99"[..], 0)
+        );
+        // Every answer was framed exactly: the fourth still finds its connection in step.
+        let last = pool.exchange(get("/")).await.expect("exchange");
+        assert_eq!(last.body().as_ref(), b"ok");
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_framing_is_read_to_the_close_and_not_kept() {
+        let replica =
+            scripted(|_| Reply::AnswerThenHangUp("HTTP/1.0 200 OK\r\n\r\nall of it")).await;
+        let pool = pool(&replica);
+        let exchange = pool.exchange(get("/"));
+        let hang_up = async {
+            // The answer is only complete once the replica closes.
+            while replica.requests.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            replica.hang_up.notify_one();
+        };
+        let (response, ()) = tokio::join!(exchange, hang_up);
+        assert_eq!(response.expect("exchange").body().as_ref(), b"all of it");
+        assert_eq!(pool.idle_here(), 0);
+    }
+
+    #[test]
+    fn the_request_is_written_with_its_own_framing() {
+        let mut request = Request::post("/api/seckill/7?x=1")
+            .header("x-request-id", "abc")
+            .header("content-length", "999")
+            .header("transfer-encoding", "chunked")
+            .header("host", "client.example")
+            .body(Bytes::from_static(b"{}"))
+            .expect("request");
+        let wire = encode(&request, &HeaderValue::from_static("replica:8081"));
+        assert_eq!(
+            String::from_utf8(wire).expect("ascii"),
+            "POST /api/seckill/7?x=1 HTTP/1.1\r\nhost: replica:8081\r\nx-request-id: abc\r\n\
+             content-length: 2\r\n\r\n{}"
+        );
+        *request.method_mut() = Method::GET;
+        *request.body_mut() = Bytes::new();
+        request.headers_mut().clear();
+        let wire = encode(&request, &HeaderValue::from_static("r"));
+        assert_eq!(wire, b"GET /api/seckill/7?x=1 HTTP/1.1\r\nhost: r\r\n\r\n");
     }
 
     #[tokio::test]
