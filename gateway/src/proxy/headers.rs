@@ -10,6 +10,7 @@ use crate::client_ip::TrustedProxies;
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1). Bodies are
 /// read whole before they are forwarded, so each hop frames its own (`Content-Length`).
+/// `Connection` comes first: [`strip_hop_by_hop`] reads the names it lists.
 const HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("connection"),
     HeaderName::from_static("keep-alive"),
@@ -20,15 +21,24 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("transfer-encoding"),
     HeaderName::from_static("upgrade"),
 ];
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// The W3C trace context header.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// Removes the headers that describe one hop only.
+/// Removes the headers that describe one hop only: the fixed list, `Proxy-Connection`, and
+/// every header the `Connection` header names (RFC 9110 §7.6.1).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in &HOP_BY_HOP {
+    let named: Vec<HeaderName> = headers
+        .get_all(&HOP_BY_HOP[0])
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(&HOP_BY_HOP).chain([&PROXY_CONNECTION]) {
         headers.remove(name);
     }
 }
@@ -172,8 +182,15 @@ mod tests {
         headers.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
         headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        headers.insert("connection", HeaderValue::from_static("close"));
+        headers.insert("connection", HeaderValue::from_static("close, x-hop"));
+        headers.insert("x-hop", HeaderValue::from_static("1"));
+        headers.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
         prepare(&mut headers, peer("10.0.0.1:5000"), &trusted);
+        assert!(
+            !headers.contains_key("x-hop"),
+            "named by Connection: one hop only"
+        );
+        assert!(!headers.contains_key("proxy-connection"));
         assert_eq!(headers[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
         assert_eq!(headers[&X_FORWARDED_PROTO], "https");
         assert!(!headers.contains_key(AUTHORIZATION));

@@ -9,8 +9,10 @@
 //! header map; here that was about a quarter of the gateway's user-space CPU.
 //!
 //! Idle connections are kept per thread (no lock; on a current-thread runtime a socket stays
-//! with the reactor it is registered with), newest on top. Before reuse a connection is
-//! checked without blocking: one the replica closed while it was idle is dropped, not used.
+//! with the reactor it is registered with), newest used first, oldest closed once idle too
+//! long. Before reuse a connection is checked without blocking: one the replica closed while
+//! it was idle is dropped, not used. Answers leave with a `Content-Length` of what was read,
+//! never the framing the replica used.
 //!
 //! Never twice: a request moves to another connection only when not one byte of it was
 //! accepted (a connect failure, or the first write on a reused connection refused because
@@ -18,6 +20,7 @@
 //! and the caller must not retry it — a purchase may have reached the replica.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -92,7 +95,7 @@ pub struct Pool {
     /// The `Host` header sent: the replica's authority.
     host: HeaderValue,
     settings: PoolSettings,
-    idle: ThreadLocal<RefCell<Vec<Idle>>>,
+    idle: ThreadLocal<RefCell<VecDeque<Idle>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -109,6 +112,9 @@ impl std::fmt::Debug for Pool {
 const MAX_RESPONSE_HEADERS: usize = 100;
 /// Largest answer head (status line and headers).
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// How much a read buffer grows at most per read; an idle connection whose buffer grew
+/// beyond this (a large answer) gets a fresh small one, so idle connections stay small.
+const GROWTH_STEP: usize = 64 * 1024;
 
 impl Pool {
     /// Connections to the replica at `authority` (`host[:port]`, port 80 when absent).
@@ -199,12 +205,8 @@ impl Pool {
     /// The newest idle connection of this thread that is still open.
     fn checkout(&self) -> Option<Connection> {
         let mut idle = self.idle.get_or_default().borrow_mut();
-        while let Some(Idle { connection, since }) = idle.pop() {
-            if since.elapsed() > self.settings.idle_timeout {
-                // Newest on top: everything below is older still.
-                idle.clear();
-                return None;
-            }
+        self.forget_expired(&mut idle);
+        while let Some(Idle { connection, .. }) = idle.pop_back() {
             if still_open(&connection) {
                 return Some(connection);
             }
@@ -212,13 +214,27 @@ impl Pool {
         None
     }
 
-    fn checkin(&self, connection: Connection) {
+    fn checkin(&self, mut connection: Connection) {
+        if connection.read.capacity() > GROWTH_STEP {
+            connection.read = BytesMut::with_capacity(4096);
+        }
         let mut idle = self.idle.get_or_default().borrow_mut();
+        self.forget_expired(&mut idle);
         if idle.len() < self.settings.max_idle_per_thread {
-            idle.push(Idle {
+            idle.push_back(Idle {
                 connection,
                 since: Instant::now(),
             });
+        }
+    }
+
+    /// Closes the idle connections past `idle_timeout`: the oldest, at the front.
+    fn forget_expired(&self, idle: &mut VecDeque<Idle>) {
+        while idle
+            .front()
+            .is_some_and(|oldest| oldest.since.elapsed() > self.settings.idle_timeout)
+        {
+            idle.pop_front();
         }
     }
 
@@ -286,7 +302,7 @@ async fn read_response(
     max_body: usize,
 ) -> Result<(Response<Bytes>, bool), ExchangeError> {
     let failed = |what: &str| ExchangeError::Failed(what.to_string());
-    let (status, headers, keep_alive) = loop {
+    let (status, mut headers, keep_alive) = loop {
         let parsed = {
             let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
             let mut head = httparse::Response::new(&mut slots);
@@ -328,35 +344,38 @@ async fn read_response(
         return Err(failed("the replica switched protocols"));
     }
     let mut keep = keep_alive && !has_token(&headers, &CONNECTION, "close");
-    let body =
-        if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-            Bytes::new()
-        } else if let Some(codings) = headers.get(TRANSFER_ENCODING) {
-            let chunked = codings
-                .to_str()
-                .ok()
-                .and_then(|c| c.rsplit(',').next())
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            if chunked {
-                read_chunked(connection, max_body).await?
-            } else {
-                keep = false;
-                read_to_end(connection, max_body).await?
-            }
-        } else if let Some(length) = headers.get(CONTENT_LENGTH) {
-            let length: usize = length
-                .to_str()
-                .ok()
-                .and_then(|l| l.trim().parse().ok())
-                .ok_or_else(|| failed("bad content-length in the answer"))?;
-            if length > max_body {
-                return Err(ExchangeError::TooLarge(max_body));
-            }
-            read_exactly(connection, length).await?
+    let bodiless =
+        head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    let body = if bodiless {
+        Bytes::new()
+    } else if headers.contains_key(TRANSFER_ENCODING) {
+        // Transfer-Encoding wins over any Content-Length, which goes (RFC 9112 §6.3); an
+        // answer with both is suspect, so its connection is not used again.
+        if headers.remove(CONTENT_LENGTH).is_some() {
+            keep = false;
+        }
+        if last_coding_is_chunked(&headers) {
+            read_chunked(connection, max_body).await?
         } else {
             keep = false;
             read_to_end(connection, max_body).await?
-        };
+        }
+    } else if headers.contains_key(CONTENT_LENGTH) {
+        let length = content_length(&headers)
+            .ok_or_else(|| failed("bad or conflicting content-length in the answer"))?;
+        if length > max_body {
+            return Err(ExchangeError::TooLarge(max_body));
+        }
+        read_exactly(connection, length).await?
+    } else {
+        keep = false;
+        read_to_end(connection, max_body).await?
+    };
+    if !bodiless {
+        // The answer goes on with the length of what was read, whatever framed it here.
+        headers.remove(TRANSFER_ENCODING);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -376,8 +395,11 @@ async fn fill(connection: &mut Connection) -> Result<(), ExchangeError> {
 }
 
 async fn read_exactly(connection: &mut Connection, length: usize) -> Result<Bytes, ExchangeError> {
+    // Grown as the bytes come, not reserved for the announced length up front.
     if connection.read.len() < length {
-        connection.read.reserve(length - connection.read.len());
+        connection
+            .read
+            .reserve((length - connection.read.len()).min(GROWTH_STEP));
     }
     while connection.read.len() < length {
         fill(connection).await?;
@@ -407,6 +429,14 @@ async fn read_chunked(
     let mut body = BytesMut::new();
     loop {
         let (size_line, size) = loop {
+            // httparse reads a line without digits as size 0, the end: refused instead.
+            if connection
+                .read
+                .first()
+                .is_some_and(|b| !b.is_ascii_hexdigit())
+            {
+                return Err(ExchangeError::Failed("bad chunk size".into()));
+            }
             match httparse::parse_chunk_size(&connection.read) {
                 Ok(httparse::Status::Complete((used, size))) => break (used, size),
                 Ok(httparse::Status::Partial) if connection.read.len() > 1024 => {
@@ -447,6 +477,38 @@ async fn read_chunked(
             return Ok(body.freeze());
         }
     }
+}
+
+/// Whether the last transfer coding, over every `Transfer-Encoding` line, is `chunked`.
+fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
+    let last = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .rfind(|c| !c.is_empty());
+    last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+}
+
+/// The `Content-Length` of an answer: every value (and every comma-separated entry) digits
+/// only and all equal, or none.
+fn content_length(headers: &HeaderMap) -> Option<usize> {
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for entry in value.to_str().ok()?.split(',') {
+            let entry = entry.trim();
+            if entry.is_empty() || !entry.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let parsed: usize = entry.parse().ok()?;
+            if length.is_some_and(|seen| seen != parsed) {
+                return None;
+            }
+            length = Some(parsed);
+        }
+    }
+    length
 }
 
 /// Whether a comma-separated header holds `token` (case-insensitive).
@@ -494,7 +556,7 @@ mod tests {
     const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
     /// A replica speaking raw HTTP/1.1 from a script, counting connections and requests.
-    async fn scripted(script: fn(usize) -> Reply) -> Replica {
+    async fn scripted(script: impl Fn(usize) -> Reply + Copy + Send + 'static) -> Replica {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr").to_string();
         let connections = Arc::new(AtomicUsize::new(0));
@@ -748,6 +810,62 @@ mod tests {
         let (response, ()) = tokio::join!(exchange, hang_up);
         assert_eq!(response.expect("exchange").body().as_ref(), b"all of it");
         assert_eq!(pool.idle_here(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_answer_with_both_framings_is_read_chunked_resized_and_not_kept() {
+        let replica = scripted(|_| {
+            Reply::Answer(
+                "HTTP/1.1 200 OK\r\ncontent-length: 100\r\ntransfer-encoding: chunked\r\n\r\n\
+                 3\r\nabc\r\n0\r\n\r\n",
+            )
+        })
+        .await;
+        let pool = pool(&replica);
+        let response = pool.exchange(get("/")).await.expect("exchange");
+        assert_eq!(response.body().as_ref(), b"abc");
+        assert_eq!(
+            response.headers()["content-length"],
+            "3",
+            "the length read, not claimed"
+        );
+        assert!(!response.headers().contains_key("transfer-encoding"));
+        assert_eq!(
+            pool.idle_here(),
+            0,
+            "a suspect answer's connection is not reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn conflicting_lengths_or_a_chunk_size_without_digits_fail_the_exchange() {
+        for answer in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 10\r\n\r\nok",
+            "HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok",
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n;x\r\nabc\r\n0\r\n\r\n",
+        ] {
+            let replica = scripted(move |_| Reply::Answer(answer)).await;
+            let failed = pool(&replica).exchange(get("/")).await;
+            assert!(
+                matches!(failed, Err(ExchangeError::Failed(_))),
+                "{answer:?}: {failed:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_connections_past_their_time_are_closed_not_reused() {
+        let replica = scripted(|_| Reply::Answer(OK)).await;
+        let pool = pool_with(
+            &replica.address,
+            PoolSettings {
+                idle_timeout: Duration::ZERO,
+                ..PoolSettings::default()
+            },
+        );
+        pool.exchange(get("/")).await.expect("exchange");
+        pool.exchange(get("/")).await.expect("exchange");
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
     }
 
     #[test]
