@@ -69,7 +69,6 @@ pub fn verifier(settings: &Settings) -> anyhow::Result<JwtVerifier> {
 /// are checked in full every time.
 pub struct Authenticator {
     verifier: JwtVerifier,
-    leeway_secs: i64,
     capacity: usize,
     verified: ThreadLocal<RefCell<HashMap<Box<str>, Verified>>>,
 }
@@ -90,12 +89,11 @@ impl std::fmt::Debug for Authenticator {
 }
 
 impl Authenticator {
-    /// Checks tokens with `verifier`, whose rules allow `leeway_secs` of clock skew, keeping
-    /// up to `capacity` verified ones per thread (0: none).
-    pub fn new(verifier: JwtVerifier, leeway_secs: u64, capacity: usize) -> Self {
+    /// Checks tokens with `verifier`, keeping up to `capacity` verified ones per thread
+    /// (0: none).
+    pub fn new(verifier: JwtVerifier, capacity: usize) -> Self {
         Self {
             verifier,
-            leeway_secs: i64::try_from(leeway_secs).unwrap_or(i64::MAX),
             capacity,
             verified: ThreadLocal::new(),
         }
@@ -132,7 +130,8 @@ impl Authenticator {
             token.into(),
             Verified {
                 caller: caller.clone(),
-                valid_until: exp.saturating_add(self.leeway_secs),
+                // The verifier's own leeway: the cache accepts exactly what it would.
+                valid_until: exp.saturating_add(self.verifier.leeway_secs()),
             },
         );
         Ok(caller)
@@ -222,7 +221,7 @@ mod tests {
         };
         let verifier =
             JwtVerifier::new(JwtAlgorithm::HS256, SECRET.as_bytes(), &rules).expect("verifier");
-        Authenticator::new(verifier, leeway_secs, capacity)
+        Authenticator::new(verifier, capacity)
     }
 
     fn bearer(token: &str) -> HeaderMap {

@@ -61,11 +61,7 @@ impl Application {
         let housekeeping = rate_limits.clone();
         let door = Arc::new(Door {
             ops: seckill_http::layers::instrument(ops::router(probes), "gateway"),
-            auth: Authenticator::new(
-                auth::verifier(&settings)?,
-                settings.jwt_leeway_secs,
-                settings.jwt_cache_entries,
-            ),
+            auth: Authenticator::new(auth::verifier(&settings)?, settings.jwt_cache_entries),
             trusted_proxies,
             rate_limits,
             proxy: state,

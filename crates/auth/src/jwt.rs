@@ -256,6 +256,11 @@ impl JwtVerifier {
         self.algorithm
     }
 
+    /// Clock skew tolerated on `exp`, `nbf` and `iat`, seconds.
+    pub fn leeway_secs(&self) -> i64 {
+        self.leeway_secs
+    }
+
     /// Checks algorithm, signature and claims, and returns the user id with the claims.
     pub fn verify(&self, token: &str) -> Result<(i64, Claims), TokenError> {
         let wire = decode::<WireClaims>(token, &self.key, &self.validation)
