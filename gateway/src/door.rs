@@ -21,7 +21,7 @@
 //!
 //! The same steps were once a tower stack around an axum router (a dozen layers, each
 //! boxing, cloning or allocating on every request); as one function, the gateway spends
-//! about a third less CPU per proxied request (docs/benchmarks.md). The operator endpoints
+//! about 28 % less CPU per proxied request (docs/benchmarks.md). The operator endpoints
 //! (`/healthz`, `/readyz`, `/metrics`) still go to the shared axum router, exempt from the
 //! in-flight bound and the rate limits: probes and scrapers must get through a flood.
 
@@ -49,7 +49,7 @@ use seckill_http::layers::{REQUEST_ID, is_usable_request_id, new_request_id};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
-use crate::proxy::{self, ProxyState};
+use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, Verdict, is_purchase};
 
 /// Everything a request needs on its way through the gateway.
@@ -100,7 +100,8 @@ impl Door {
         }
         let started = Instant::now();
         let method = method_label(request.method());
-        let label = proxy::route(request.uri().path()).map_or("unmatched", |r| r.service.name());
+        let route = proxy::route(request.uri().path());
+        let label = route.map_or("unmatched", |r| r.service.name());
         let Some(slot) = self.in_flight.enter() else {
             metrics::counter!("gateway_shed_total").increment(1);
             let response = proxy::unavailable("overloaded, retry shortly");
@@ -116,7 +117,7 @@ impl Door {
             user_id = tracing::field::Empty,
             trace_id = tracing::field::Empty,
         );
-        let admitted = AssertUnwindSafe(self.admit(request, peer)).catch_unwind();
+        let admitted = AssertUnwindSafe(self.admit(request, route, peer)).catch_unwind();
         let mut response = match tokio::time::timeout(self.request_timeout, admitted)
             .instrument(span)
             .await
@@ -146,7 +147,12 @@ impl Door {
     }
 
     /// Steps 4 to 7: who, rate limit, route, forward.
-    async fn admit(&self, request: hyper::Request<Incoming>, peer: SocketAddr) -> Response {
+    async fn admit(
+        &self,
+        request: hyper::Request<Incoming>,
+        route: Option<Route>,
+        peer: SocketAddr,
+    ) -> Response {
         let client = self.trusted_proxies.client_ip(peer.ip(), request.headers());
         let caller = self.auth.authenticate(request.headers());
         let key = match &caller {
@@ -158,7 +164,7 @@ impl Door {
         if let Verdict::Limited(refusal) = verdict {
             return refusal;
         }
-        let mut response = self.route(request, caller, peer).await;
+        let mut response = self.route(request, route, caller, peer).await;
         verdict.annotate(&mut response);
         response
     }
@@ -166,10 +172,11 @@ impl Door {
     async fn route(
         &self,
         request: hyper::Request<Incoming>,
+        route: Option<Route>,
         caller: Result<Arc<Caller>, &'static str>,
         peer: SocketAddr,
     ) -> Response {
-        let Some(route) = proxy::route(request.uri().path()) else {
+        let Some(route) = route else {
             return error_response(StatusCode::NOT_FOUND, "not_found", "no such route");
         };
         let caller = match caller {
@@ -180,15 +187,14 @@ impl Door {
         if route.admin_only && !caller.is_admin() {
             return auth::forbidden();
         }
-        let upstreams = self.proxy.upstreams(route.service);
-        proxy::forward(&self.proxy, upstreams, &caller, peer, request).await
+        proxy::forward(&self.proxy, route.service, &caller, peer, request).await
     }
 }
 
 /// The in-flight bound: a counter shared by every worker thread.
 #[derive(Debug)]
 pub struct InFlight {
-    now: Arc<AtomicUsize>,
+    now: AtomicUsize,
     max: usize,
 }
 
@@ -196,23 +202,24 @@ impl InFlight {
     /// At most `max` at once.
     pub fn new(max: usize) -> Self {
         Self {
-            now: Arc::new(AtomicUsize::new(0)),
+            now: AtomicUsize::new(0),
             max,
         }
     }
 
     /// A slot until the guard is dropped, or none when all `max` are taken.
-    fn enter(&self) -> Option<Slot> {
+    fn enter(&self) -> Option<Slot<'_>> {
         let before = self.now.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(self.now.clone());
+        // Taken either way, so that dropping it gives the count back either way.
+        let slot = Slot(&self.now);
         (before < self.max).then_some(slot)
     }
 }
 
 /// One taken in-flight slot.
-struct Slot(Arc<AtomicUsize>);
+struct Slot<'a>(&'a AtomicUsize);
 
-impl Drop for Slot {
+impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }

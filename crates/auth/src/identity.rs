@@ -202,13 +202,9 @@ where
 }
 
 fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    text
+    let mut text = vec![0; bytes.len() * 2];
+    seckill_http::write_hex(bytes, &mut text);
+    String::from_utf8(text).expect("hex digits are ASCII")
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {

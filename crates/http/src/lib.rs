@@ -22,3 +22,23 @@ pub fn is_plain_token(text: &[u8]) -> bool {
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
+
+/// Writes `bytes` as lower-case hex into `out`, which must be twice as long.
+pub fn write_hex(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    assert_eq!(out.len(), bytes.len() * 2, "two hex digits per byte");
+    for (byte, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0x0f)];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_is_two_lower_case_digits_per_byte() {
+        let mut out = [0u8; 6];
+        super::write_hex(&[0x00, 0xab, 0x7f], &mut out);
+        assert_eq!(&out, b"00ab7f");
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use axum::http::header::{AUTHORIZATION, HOST};
+use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::client_ip::TrustedProxies;
@@ -43,12 +43,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Drops hop-by-hop headers, the client's Host and token (backends trust only the signed
+/// Drops hop-by-hop headers and the client's token (backends trust only the signed
 /// identity), records the client address and scheme, and makes sure a trace context travels
-/// on (its id: [`trace_id`]).
-pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxies) {
+/// on. Returns the trace id, for the logs. (`Host` and the body's framing are the pool's to
+/// write: it skips the client's.)
+pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxies) -> TraceId {
     strip_hop_by_hop(headers);
-    headers.remove(HOST);
     headers.remove(AUTHORIZATION);
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(previous) => format!("{previous}, {}", peer.ip()),
@@ -66,11 +66,22 @@ pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxi
         .cloned()
         .unwrap_or(HeaderValue::from_static("http"));
     headers.insert(X_FORWARDED_PROTO, proto);
-    ensure_traceparent(headers);
+    ensure_traceparent(headers)
 }
 
-/// The trace id of the request's `traceparent`, once [`prepare`] made sure there is one.
-pub fn trace_id(headers: &HeaderMap) -> Option<&str> {
+/// A W3C trace id: 32 lower-case hex digits, kept by value (no allocation per request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceId([u8; 32]);
+
+impl TraceId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+}
+
+/// The trace id of a well-formed `traceparent` in `headers`.
+fn trace_id(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(&TRACEPARENT)
         .and_then(|v| v.to_str().ok())
@@ -79,29 +90,28 @@ pub fn trace_id(headers: &HeaderMap) -> Option<&str> {
 
 /// Keeps a caller's well-formed `traceparent` (the gateway records no spans of its own, so
 /// the caller's span stays the parent); otherwise starts a trace, sampled, and drops any
-/// `tracestate` that belonged to the discarded one.
-fn ensure_traceparent(headers: &mut HeaderMap) {
-    if trace_id(headers).is_some() {
-        return;
+/// `tracestate` that belonged to the discarded one. Returns the trace id.
+fn ensure_traceparent(headers: &mut HeaderMap) -> TraceId {
+    if let Some(kept) = trace_id(headers) {
+        return TraceId(
+            kept.as_bytes()
+                .try_into()
+                .expect("trace_id_of checked 32 digits"),
+        );
     }
     headers.remove(&TRACESTATE);
     let mut value = *b"00-00000000000000000000000000000000-0000000000000000-01";
     // Zero ids are invalid (W3C trace context §3.2.2.3-4); `| 1` rules them out.
-    write_hex(&mut value[3..35], rand::random::<u128>() | 1);
-    write_hex(&mut value[36..52], u128::from(rand::random::<u64>() | 1));
+    let (mut trace_id, mut parent_id) = (rand::random::<[u8; 16]>(), rand::random::<[u8; 8]>());
+    trace_id[15] |= 1;
+    parent_id[7] |= 1;
+    seckill_http::write_hex(&trace_id, &mut value[3..35]);
+    seckill_http::write_hex(&parent_id, &mut value[36..52]);
     headers.insert(
         TRACEPARENT,
         HeaderValue::from_bytes(&value).expect("hex and dashes"),
     );
-}
-
-/// Writes the low `out.len()` hex digits of `number` into `out`, lower case.
-fn write_hex(out: &mut [u8], mut number: u128) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for digit in out.iter_mut().rev() {
-        *digit = DIGITS[(number & 0xf) as usize];
-        number >>= 4;
-    }
+    TraceId(value[3..35].try_into().expect("32 digits"))
 }
 
 /// The trace id of a version-00 `traceparent`, if it is well formed.
@@ -138,16 +148,16 @@ mod tests {
     fn a_valid_traceparent_is_kept_and_a_missing_one_is_created() {
         let mut headers = HeaderMap::new();
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
-        ensure_traceparent(&mut headers);
+        let kept = ensure_traceparent(&mut headers);
         assert_eq!(headers[&TRACEPARENT], VALID);
-        assert_eq!(trace_id(&headers), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(kept.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
 
         let mut created = std::collections::HashSet::new();
         for _ in 0..100 {
             let mut headers = HeaderMap::new();
-            ensure_traceparent(&mut headers);
+            let made = ensure_traceparent(&mut headers);
             let value = headers[&TRACEPARENT].to_str().expect("ascii").to_string();
-            assert!(trace_id_of(&value).is_some(), "{value}");
+            assert_eq!(trace_id_of(&value), Some(made.as_str()), "{value}");
             assert!(value.starts_with("00-") && value.ends_with("-01"));
             created.insert(value);
         }

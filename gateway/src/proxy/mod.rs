@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -109,17 +109,18 @@ pub fn route(path: &str) -> Option<Route> {
     })
 }
 
-/// Forwards an admitted request of `caller` to a replica of `upstreams`, with identity
+/// Forwards an admitted request of `caller` to a replica of `service`, with identity
 /// re-signed: reads the body whole (413 beyond `max_body_bytes`), tries the replicas in
 /// turn while nothing was sent, and answers with the replica's response or a JSON error.
 pub async fn forward(
     state: &ProxyState,
-    upstreams: &Upstreams,
+    service: Service,
     caller: &Caller,
     peer: SocketAddr,
     request: hyper::Request<Incoming>,
 ) -> Response {
-    let (parts, body) = request.into_parts();
+    let upstreams = state.upstreams(service);
+    let (mut parts, body) = request.into_parts();
     let body = match Limited::new(body, state.max_body_bytes).collect().await {
         Ok(body) => body.to_bytes(),
         Err(e) if e.is::<LengthLimitError>() => {
@@ -141,24 +142,16 @@ pub async fn forward(
             );
         }
     };
-    let mut headers = parts.headers;
-    headers::prepare(&mut headers, peer, &state.trusted_proxies);
-    if let Some(trace_id) = headers::trace_id(&headers) {
-        tracing::Span::current().record("trace_id", trace_id);
-    }
+    let headers = &mut parts.headers;
+    let trace_id = headers::prepare(headers, peer, &state.trusted_proxies);
+    tracing::Span::current().record("trace_id", trace_id.as_str());
     // sign_into first removes every identity header the client may have sent.
     state
         .signer
-        .sign_into(&mut headers, caller.user_id, &caller.roles);
-
-    let mut request = hyper::Request::new(body);
-    *request.method_mut() = parts.method;
-    *request.uri_mut() = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .map_or_else(|| Uri::from_static("/"), Uri::from);
-    *request.headers_mut() = headers;
+        .sign_into(headers, caller.user_id, &caller.roles);
+    // Method, target and headers as they are now; the pool writes only the target's path
+    // and query, and its own framing.
+    let mut request = hyper::Request::from_parts(parts, body);
     for replica in upstreams.rotation() {
         let base = replica.base();
         match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request)).await {

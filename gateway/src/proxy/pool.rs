@@ -218,8 +218,8 @@ impl Pool {
         if connection.read.capacity() > GROWTH_STEP {
             connection.read = BytesMut::with_capacity(4096);
         }
+        // Expired ones were closed at the checkout just before.
         let mut idle = self.idle.get_or_default().borrow_mut();
-        self.forget_expired(&mut idle);
         if idle.len() < self.settings.max_idle_per_thread {
             idle.push_back(Idle {
                 connection,

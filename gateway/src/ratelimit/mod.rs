@@ -193,33 +193,23 @@ impl Verdict {
 impl RateLimits {
     /// Charges one request of `key` against the purchase quota or the default one.
     pub async fn check(&self, purchase: bool, key: RateKey) -> Verdict {
-        let (spec, memory) = match &self.backend {
+        let Some(spec) = (if purchase {
+            self.purchase
+        } else {
+            self.default
+        }) else {
+            return Verdict::Unmetered;
+        };
+        let decision = match &self.backend {
             Backend::Memory {
                 purchase: p,
                 default: d,
-            } => {
-                if purchase {
-                    (self.purchase, p.as_ref())
-                } else {
-                    (self.default, d.as_ref())
-                }
-            }
-            Backend::Redis(_) => (
-                if purchase {
-                    self.purchase
-                } else {
-                    self.default
-                },
-                None,
-            ),
-        };
-        let Some(spec) = spec else {
-            return Verdict::Unmetered;
-        };
-        let decision = match (&self.backend, memory) {
-            (_, Some(quota)) => quota.check(&key),
-            (Backend::Redis(quotas), _) => quotas.check(&spec, &key).await,
-            (Backend::Memory { .. }, None) => Decision::Unknown,
+            } => match if purchase { p } else { d } {
+                Some(quota) => quota.check(&key),
+                // Built together with the spec; absent only when every quota is off.
+                None => return Verdict::Unmetered,
+            },
+            Backend::Redis(quotas) => quotas.check(&spec, &key).await,
         };
         match decision {
             Decision::Allowed { remaining } => Verdict::Allowed {
