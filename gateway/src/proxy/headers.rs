@@ -8,10 +8,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::client_ip::TrustedProxies;
 
-/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1). Bodies are
-/// read whole before they are forwarded, so each hop frames its own (`Content-Length`).
-/// `Connection` comes first: [`strip_hop_by_hop`] reads the names it lists.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1), with the
+/// obsolete `Proxy-Connection`. Bodies are read whole before they are forwarded, so each
+/// hop frames its own (`Content-Length`). `Connection` comes first: it also names others.
+const HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("connection"),
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-authenticate"),
@@ -20,17 +20,21 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("trailer"),
     HeaderName::from_static("transfer-encoding"),
     HeaderName::from_static("upgrade"),
+    HeaderName::from_static("proxy-connection"),
 ];
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// The W3C trace context header.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// Removes the headers that describe one hop only: the fixed list, `Proxy-Connection`, and
-/// every header the `Connection` header names (RFC 9110 §7.6.1).
+/// Removes the headers that describe one hop only: the fixed list and every header the
+/// `Connection` header names (RFC 9110 §7.6.1).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests carry none: one pass over the names instead of a removal per name.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(&HOP_BY_HOP[0])
         .iter()
@@ -38,9 +42,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(&HOP_BY_HOP).chain([&PROXY_CONNECTION]) {
+    for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
+}
+
+/// Whether the header `name`, one of a message's raw `headers`, describes one hop only: on
+/// the fixed list, or named by a `Connection` header among them.
+pub fn is_hop_by_hop(name: &str, headers: &[httparse::Header<'_>]) -> bool {
+    let is = |other: &str| name.eq_ignore_ascii_case(other);
+    HOP_BY_HOP.iter().any(|hop| is(hop.as_str()))
+        || headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(HOP_BY_HOP[0].as_str()))
+            .filter_map(|h| std::str::from_utf8(h.value).ok())
+            .flat_map(|v| v.split(','))
+            .any(|named| is(named.trim()))
 }
 
 /// Drops hop-by-hop headers and the client's token (backends trust only the signed

@@ -155,11 +155,8 @@ pub async fn forward(
     for replica in upstreams.rotation() {
         let base = replica.base();
         match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request)).await {
-            Ok(Ok(upstream_response)) => {
-                let (mut parts, body) = upstream_response.into_parts();
-                headers::strip_hop_by_hop(&mut parts.headers);
-                return Response::from_parts(parts, Body::from(body));
-            }
+            // Its headers are end-to-end ones already (the pool leaves hop-by-hop ones out).
+            Ok(Ok(upstream_response)) => return upstream_response.map(Body::from),
             // Nothing reached the replica: safe to try the next one, even for a purchase.
             Ok(Err(ExchangeError::Connect {
                 reason,

@@ -14,23 +14,32 @@
 //! it was idle is dropped, not used. Answers leave with a `Content-Length` of what was read,
 //! never the framing the replica used.
 //!
-//! Never twice: a request moves to another connection only when not one byte of it was
-//! accepted (a connect failure, or the first write on a reused connection refused because
-//! the replica had closed it). Once a byte is out, any failure is [`ExchangeError::Failed`]
-//! and the caller must not retry it — a purchase may have reached the replica.
+//! Never twice: a request that is not *safe* (RFC 9110 §9.2.1: GET, HEAD, OPTIONS) moves to
+//! another connection only when not one byte of it was accepted (a connect failure, or the
+//! first write on a reused connection refused because the replica had closed it). Once a
+//! byte is out, any failure is [`ExchangeError::Failed`] and the caller must not retry it —
+//! a purchase may have reached the replica. So before such a request is written on a reused
+//! connection, the socket itself is asked whether the replica closed it (a non-blocking
+//! peek). A safe request skips that system call when the reactor has seen nothing arrive on
+//! the idle connection; if the replica closed it in the meantime, the connection ends before
+//! a byte of the answer and the request is sent once more on a new connection — the
+//! keep-alive race every HTTP client handles this way for safe methods (RFC 9112 §9.3.1).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use axum::http::uri::Authority;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+
+use super::headers;
 use bytes::{Buf, BytesMut};
 use thread_local::ThreadLocal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// How connections to a replica are made and kept.
@@ -150,12 +159,23 @@ impl Pool {
     ) -> Result<Response<Bytes>, ExchangeError> {
         let wire = encode(&request, &self.host);
         let head_only = request.method() == Method::HEAD;
+        let safe = matches!(
+            *request.method(),
+            Method::GET | Method::HEAD | Method::OPTIONS
+        );
         let unsent = |reason: String| ExchangeError::Connect {
             reason,
             request: Box::new(request),
         };
+        // After a reused connection ended before answering a safe request: a new one only.
+        let mut fresh_only = false;
         let mut connection = loop {
-            let (mut connection, reused) = match self.checkout() {
+            let idle = if fresh_only {
+                None
+            } else {
+                self.checkout(!safe)
+            };
+            let (mut connection, reused) = match idle {
                 Some(connection) => (connection, true),
                 None => match self.connect().await {
                     Ok(connection) => (connection, false),
@@ -175,8 +195,17 @@ impl Pool {
                             .await
                             .map_err(|e| ExchangeError::Failed(e.to_string()))?;
                     }
-                    break connection;
                 }
+            }
+            // The first bytes of the answer. A reused connection that ends here was closed
+            // by the replica while idle (or it dropped the request unanswered): a safe
+            // request goes again, on a new connection.
+            connection.read.reserve(4096);
+            match connection.stream.read_buf(&mut connection.read).await {
+                Ok(0) | Err(_) if reused && safe => fresh_only = true,
+                Ok(0) => return Err(ExchangeError::Failed("closed before answering".into())),
+                Err(e) => return Err(ExchangeError::Failed(e.to_string())),
+                Ok(_) => break connection,
             }
         };
         let (response, keep) =
@@ -202,12 +231,13 @@ impl Pool {
         })
     }
 
-    /// The newest idle connection of this thread that is still open.
-    fn checkout(&self) -> Option<Connection> {
+    /// The newest idle connection of this thread that is still open; with `verify`, as the
+    /// socket says, else as far as the reactor knows (see the module's notes).
+    fn checkout(&self, verify: bool) -> Option<Connection> {
         let mut idle = self.idle.get_or_default().borrow_mut();
         self.forget_expired(&mut idle);
         while let Some(Idle { connection, .. }) = idle.pop_back() {
-            if still_open(&connection) {
+            if still_open(&connection, verify) {
                 return Some(connection);
             }
         }
@@ -245,15 +275,27 @@ impl Pool {
 }
 
 /// Whether an idle connection is still open: nothing to read yet. End of stream (the
-/// replica closed it), stray bytes or an error all mean it must not be used. Asks the
-/// socket itself (a non-blocking peek), not tokio's readiness, which learns of a close only
-/// when the reactor next turns.
-fn still_open(connection: &Connection) -> bool {
-    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    matches!(
-        socket2::SockRef::from(&connection.stream).peek(&mut probe),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock
-    )
+/// replica closed it), stray bytes or an error all mean it must not be used.
+///
+/// With `verify`, asks the socket itself (a non-blocking peek): tokio's readiness learns of
+/// a close only when the reactor next turns. Without, the peek is made only when the reactor
+/// has seen the socket become readable since the last answer was read (a short read clears
+/// that), and a would-block clears it again.
+fn still_open(connection: &Connection, verify: bool) -> bool {
+    let peek = || {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        socket2::SockRef::from(&connection.stream).peek(&mut probe)
+    };
+    let would_block = |result: io::Result<usize>| matches!(result, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+    if verify {
+        return would_block(peek());
+    }
+    let mut context = Context::from_waker(Waker::noop());
+    match connection.stream.poll_read_ready(&mut context) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => would_block(connection.stream.try_io(Interest::READABLE, peek)),
+    }
 }
 
 /// The request as it goes on the wire: request line, `Host`, the forwarded headers (any
@@ -295,43 +337,61 @@ fn encode(request: &Request<Bytes>, host: &HeaderValue) -> Vec<u8> {
     wire
 }
 
+/// What an answer's head says about its body and its connection.
+struct Framing {
+    /// A `Transfer-Encoding` was sent; whether its last coding is `chunked`.
+    transfer_encoding: Option<bool>,
+    /// A `Content-Length` was sent: its value, or `None` when malformed or conflicting.
+    content_length: Option<Option<usize>>,
+    /// HTTP/1.1 without `Connection: close`.
+    keep_alive: bool,
+}
+
 /// Reads one whole answer from `connection`; whether the connection may be used again.
+/// The answer's headers are its end-to-end ones: hop-by-hop headers (and those `Connection`
+/// names) are left out, and the framing is the gateway's (`Content-Length` of what was read).
 async fn read_response(
     connection: &mut Connection,
     head_only: bool,
     max_body: usize,
 ) -> Result<(Response<Bytes>, bool), ExchangeError> {
     let failed = |what: &str| ExchangeError::Failed(what.to_string());
-    let (status, mut headers, keep_alive) = loop {
+    let (status, mut headers, framing) = loop {
         let parsed = {
             let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
             let mut head = httparse::Response::new(&mut slots);
             match head.parse(&connection.read) {
                 Ok(httparse::Status::Complete(length)) => {
                     let status = head.code.ok_or_else(|| failed("no status"))?;
-                    let keep_alive = head.version == Some(1);
+                    let bodiless = head_only || status == 204 || status == 304;
+                    let framing = framing(head.headers, head.version == Some(1));
                     let mut headers = HeaderMap::with_capacity(head.headers.len());
                     for header in head.headers.iter() {
+                        let framed_here =
+                            !bodiless && header.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str());
+                        if framed_here || headers::is_hop_by_hop(header.name, head.headers) {
+                            continue;
+                        }
                         let name = HeaderName::from_bytes(header.name.as_bytes())
                             .map_err(|_| failed("bad header name in the answer"))?;
                         let value = HeaderValue::from_bytes(header.value)
                             .map_err(|_| failed("bad header value in the answer"))?;
                         headers.append(name, value);
                     }
-                    Some((length, status, headers, keep_alive))
+                    Some((length, status, headers, framing))
                 }
                 Ok(httparse::Status::Partial) => None,
                 Err(e) => return Err(ExchangeError::Failed(format!("bad answer head: {e}"))),
             }
         };
         match parsed {
-            Some((length, status, headers, keep_alive)) => {
+            Some((length, status, headers, framing)) => {
                 connection.read.advance(length);
                 // An interim answer (100 Continue and the like): the real one follows.
                 if (100..200).contains(&status) && status != 101 {
                     continue;
                 }
-                break (status, headers, keep_alive);
+                break (status, headers, framing);
             }
             None if connection.read.len() > MAX_RESPONSE_HEAD => {
                 return Err(failed("answer head too large"));
@@ -343,26 +403,26 @@ async fn read_response(
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err(failed("the replica switched protocols"));
     }
-    let mut keep = keep_alive && !has_token(&headers, &CONNECTION, "close");
+    let mut keep = framing.keep_alive;
     let bodiless =
         head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let body = if bodiless {
         Bytes::new()
-    } else if headers.contains_key(TRANSFER_ENCODING) {
+    } else if let Some(chunked) = framing.transfer_encoding {
         // Transfer-Encoding wins over any Content-Length, which goes (RFC 9112 §6.3); an
         // answer with both is suspect, so its connection is not used again.
-        if headers.remove(CONTENT_LENGTH).is_some() {
+        if framing.content_length.is_some() {
             keep = false;
         }
-        if last_coding_is_chunked(&headers) {
+        if chunked {
             read_chunked(connection, max_body).await?
         } else {
             keep = false;
             read_to_end(connection, max_body).await?
         }
-    } else if headers.contains_key(CONTENT_LENGTH) {
-        let length = content_length(&headers)
-            .ok_or_else(|| failed("bad or conflicting content-length in the answer"))?;
+    } else if let Some(length) = framing.content_length {
+        let length =
+            length.ok_or_else(|| failed("bad or conflicting content-length in the answer"))?;
         if length > max_body {
             return Err(ExchangeError::TooLarge(max_body));
         }
@@ -373,13 +433,69 @@ async fn read_response(
     };
     if !bodiless {
         // The answer goes on with the length of what was read, whatever framed it here.
-        headers.remove(TRANSFER_ENCODING);
         headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     }
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     Ok((response, keep))
+}
+
+/// The framing of an answer with `headers`; `http11`: its version is HTTP/1.1.
+fn framing(headers: &[httparse::Header<'_>], http11: bool) -> Framing {
+    let values = |name: &'static str| {
+        headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let (te, cl) = (TRANSFER_ENCODING.as_str(), CONTENT_LENGTH.as_str());
+    let has_te = values(te).next().is_some();
+    let has_cl = values(cl).next().is_some();
+    Framing {
+        transfer_encoding: has_te.then(|| last_coding_is_chunked(values(te))),
+        content_length: has_cl.then(|| content_length(values(cl))),
+        keep_alive: http11 && !has_token(values(CONNECTION.as_str()), "close"),
+    }
+}
+
+/// Whether the last transfer coding, over every `Transfer-Encoding` line, is `chunked`.
+fn last_coding_is_chunked<'a>(values: impl Iterator<Item = &'a [u8]>) -> bool {
+    let last = values
+        .filter_map(|v| std::str::from_utf8(v).ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .last();
+    last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+}
+
+/// The `Content-Length` of an answer: every value (and every comma-separated entry) digits
+/// only and all equal, or none.
+fn content_length<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<usize> {
+    let mut length = None;
+    for value in values {
+        for entry in std::str::from_utf8(value).ok()?.split(',') {
+            let entry = entry.trim();
+            if entry.is_empty() || !entry.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let parsed: usize = entry.parse().ok()?;
+            if length.is_some_and(|seen| seen != parsed) {
+                return None;
+            }
+            length = Some(parsed);
+        }
+    }
+    length
+}
+
+/// Whether comma-separated header values hold `token` (case-insensitive).
+fn has_token<'a>(values: impl Iterator<Item = &'a [u8]>, token: &str) -> bool {
+    values
+        .filter_map(|v| std::str::from_utf8(v).ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// Reads more into the connection's buffer; the end of the stream here is a failure.
@@ -477,48 +593,6 @@ async fn read_chunked(
             return Ok(body.freeze());
         }
     }
-}
-
-/// Whether the last transfer coding, over every `Transfer-Encoding` line, is `chunked`.
-fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
-    let last = headers
-        .get_all(TRANSFER_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .rfind(|c| !c.is_empty());
-    last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
-}
-
-/// The `Content-Length` of an answer: every value (and every comma-separated entry) digits
-/// only and all equal, or none.
-fn content_length(headers: &HeaderMap) -> Option<usize> {
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for entry in value.to_str().ok()?.split(',') {
-            let entry = entry.trim();
-            if entry.is_empty() || !entry.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            let parsed: usize = entry.parse().ok()?;
-            if length.is_some_and(|seen| seen != parsed) {
-                return None;
-            }
-            length = Some(parsed);
-        }
-    }
-    length
-}
-
-/// Whether a comma-separated header holds `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]
@@ -709,13 +783,54 @@ mod tests {
         .await;
         let pool = pool(&replica);
         pool.exchange(get("/")).await.expect("first exchange");
-        let failed = pool.exchange(get("/purchase")).await;
+        let purchase = Request::post("/api/seckill/1/purchase")
+            .body(Bytes::from_static(b"{}"))
+            .expect("request");
+        let failed = pool.exchange(purchase).await;
         assert!(
             matches!(failed, Err(ExchangeError::Failed(_))),
             "{failed:?}"
         );
         assert_eq!(replica.requests.load(Ordering::SeqCst), 2);
         assert_eq!(replica.connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_safe_request_a_reused_connection_drops_unanswered_goes_again_on_a_new_one() {
+        // As when the replica closes an idle connection just as the request is written:
+        // the second request is received and the connection dropped without an answer.
+        let replica = scripted(|n| {
+            if n == 1 {
+                Reply::Hangup
+            } else {
+                Reply::Answer(OK)
+            }
+        })
+        .await;
+        let pool = pool(&replica);
+        pool.exchange(get("/")).await.expect("first exchange");
+        let response = pool.exchange(get("/again")).await.expect("sent again");
+        assert_eq!(response.body().as_ref(), b"ok");
+        assert_eq!(replica.requests.load(Ordering::SeqCst), 3);
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
+        // A new connection that ends unanswered is not tried a third time.
+        let replica = scripted(|n| {
+            if n == 0 {
+                Reply::Answer(OK)
+            } else {
+                Reply::Hangup
+            }
+        })
+        .await;
+        let stubborn = self::pool(&replica);
+        stubborn.exchange(get("/")).await.expect("first exchange");
+        let failed = stubborn.exchange(get("/again")).await;
+        assert!(
+            matches!(failed, Err(ExchangeError::Failed(_))),
+            "{failed:?}"
+        );
+        assert_eq!(replica.requests.load(Ordering::SeqCst), 3);
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
@@ -792,6 +907,27 @@ mod tests {
         let last = pool.exchange(get("/")).await.expect("exchange");
         assert_eq!(last.body().as_ref(), b"ok");
         assert_eq!(replica.connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_keeps_its_end_to_end_headers_only() {
+        let replica = scripted(|_| {
+            Reply::Answer(
+                "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\n\
+                 x-hop: 1\r\nProxy-Connection: keep-alive\r\nUpgrade: h2c\r\n\
+                 X-End: 2\r\nContent-Length: 2\r\n\r\nok",
+            )
+        })
+        .await;
+        let pool = pool(&replica);
+        for _ in 0..2 {
+            let answer = pool.exchange(get("/")).await.expect("exchange");
+            let mut names: Vec<&str> = answer.headers().keys().map(|n| n.as_str()).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["content-length", "x-end"]);
+            assert_eq!(answer.headers()["content-length"], "2");
+        }
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 1, "kept alive");
     }
 
     #[tokio::test]
