@@ -51,6 +51,10 @@ pub struct Settings {
     pub upstream_connect_timeout_ms: u64,
     /// Deadline for a replica's whole answer, milliseconds (504 beyond it, no retry).
     pub upstream_request_timeout_ms: u64,
+    /// An idle kept-alive connection to a replica is closed after this, milliseconds; set it
+    /// below the replicas' own keep-alive timeout, so the gateway, not the replica, closes
+    /// (0: connections are not reused).
+    pub upstream_idle_timeout_ms: u64,
     /// Requests in flight at once; beyond it the gateway sheds load with a fast 503.
     pub max_in_flight: usize,
     /// Whole-request deadline, milliseconds (504 beyond it).
@@ -108,6 +112,7 @@ impl Default for Settings {
             order_service_urls: "http://127.0.0.1:8082".into(),
             upstream_eject_ms: 5_000,
             upstream_connect_timeout_ms: 2_000,
+            upstream_idle_timeout_ms: 60_000,
             upstream_request_timeout_ms: 8_000,
             max_in_flight: 4096,
             request_timeout_ms: 10_000,

@@ -33,6 +33,7 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let pool = PoolSettings {
             connect_timeout: Duration::from_millis(settings.upstream_connect_timeout_ms),
+            idle_timeout: Duration::from_millis(settings.upstream_idle_timeout_ms),
             ..PoolSettings::default()
         };
         let trusted_proxies = Arc::new(settings.trusted_proxy_list().map_err(anyhow::Error::msg)?);

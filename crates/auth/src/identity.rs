@@ -95,9 +95,6 @@ impl IdentitySigner {
 
     /// Replaces any identity headers in `headers` with freshly signed ones.
     pub fn sign_into(&self, headers: &mut HeaderMap, user_id: i64, roles: &[String]) {
-        for name in &IDENTITY_HEADERS {
-            headers.remove(name);
-        }
         // Roles travel comma-separated: a role containing a comma (or anything but plain
         // characters) would be read back as other roles, so it is dropped, not forwarded.
         let mut joined = String::new();
@@ -113,10 +110,16 @@ impl IdentitySigner {
         let user_id = user_id.to_string();
         let ts = chrono::Utc::now().timestamp_millis().to_string();
         let sig = hex(&self.mac(&user_id, &joined, &ts).finalize().into_bytes());
-        let mut set = |name: HeaderName, value: String| {
-            // Digits, hex and plain role names: always a valid header value.
-            if let Ok(value) = HeaderValue::try_from(value) {
+        // `insert` replaces every value a client sent under the name; each of the four is
+        // set, so none of the client's survives.
+        let mut set = |name: HeaderName, value: String| match HeaderValue::try_from(value) {
+            Ok(value) => {
                 headers.insert(name, value);
+            }
+            // Digits, hex and plain role names are always valid; were one not, the client's
+            // must still go.
+            Err(_) => {
+                headers.remove(name);
             }
         };
         set(USER_ID, user_id);
@@ -236,6 +239,23 @@ mod tests {
             .expect("valid");
         assert_eq!(identity.user_id, 7);
         assert!(identity.is_admin());
+    }
+
+    #[test]
+    fn every_client_sent_identity_value_is_replaced() {
+        let signer = IdentitySigner::new("k", 30_000);
+        let mut headers = HeaderMap::new();
+        for name in &IDENTITY_HEADERS {
+            headers.append(name, HeaderValue::from_static("1"));
+            headers.append(name, HeaderValue::from_static("admin"));
+        }
+        signer.sign_into(&mut headers, 7, &[]);
+        for name in &IDENTITY_HEADERS {
+            assert_eq!(headers.get_all(name).iter().count(), 1, "{name}");
+        }
+        assert_eq!(headers[USER_ROLES], "");
+        let identity = signer.verify(&headers).expect("valid");
+        assert_eq!((identity.user_id, identity.is_admin()), (7, false));
     }
 
     #[test]

@@ -47,17 +47,48 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Whether the header `name`, one of a message's raw `headers`, describes one hop only: on
-/// the fixed list, or named by a `Connection` header among them.
-pub fn is_hop_by_hop(name: &str, headers: &[httparse::Header<'_>]) -> bool {
-    let is = |other: &str| name.eq_ignore_ascii_case(other);
-    HOP_BY_HOP.iter().any(|hop| is(hop.as_str()))
-        || headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case(HOP_BY_HOP[0].as_str()))
-            .filter_map(|h| std::str::from_utf8(h.value).ok())
-            .flat_map(|v| v.split(','))
-            .any(|named| is(named.trim()))
+/// Which of a message's raw headers describe one hop only: those on the fixed list, and
+/// those its `Connection` headers name.
+pub struct HopByHop<'a> {
+    headers: &'a [httparse::Header<'a>],
+    /// A `Connection` header names something beyond the fixed list and `close`.
+    names_others: bool,
+}
+
+impl<'a> HopByHop<'a> {
+    /// The hop-by-hop headers among `headers`.
+    pub fn of(headers: &'a [httparse::Header<'a>]) -> Self {
+        let names_others = connection_names(headers)
+            .any(|named| !named.eq_ignore_ascii_case("close") && !is_listed(named));
+        Self {
+            headers,
+            names_others,
+        }
+    }
+
+    /// Whether the header `name` is one of them.
+    pub fn contains(&self, name: &str) -> bool {
+        is_listed(name)
+            || (self.names_others
+                && connection_names(self.headers).any(|named| named.eq_ignore_ascii_case(name)))
+    }
+}
+
+/// Whether `name` is on the fixed hop-by-hop list.
+fn is_listed(name: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|hop| name.eq_ignore_ascii_case(hop.as_str()))
+}
+
+/// The names the `Connection` headers among `headers` list.
+fn connection_names<'h>(headers: &'h [httparse::Header<'_>]) -> impl Iterator<Item = &'h str> {
+    headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case(HOP_BY_HOP[0].as_str()))
+        .filter_map(|h| std::str::from_utf8(h.value).ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
 }
 
 /// Drops hop-by-hop headers and the client's token (backends trust only the signed

@@ -365,11 +365,12 @@ async fn read_response(
                     let status = head.code.ok_or_else(|| failed("no status"))?;
                     let bodiless = head_only || status == 204 || status == 304;
                     let framing = framing(head.headers, head.version == Some(1));
+                    let hop_by_hop = headers::HopByHop::of(head.headers);
                     let mut headers = HeaderMap::with_capacity(head.headers.len());
                     for header in head.headers.iter() {
                         let framed_here =
                             !bodiless && header.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str());
-                        if framed_here || headers::is_hop_by_hop(header.name, head.headers) {
+                        if framed_here || hop_by_hop.contains(header.name) {
                             continue;
                         }
                         let name = HeaderName::from_bytes(header.name.as_bytes())
