@@ -25,8 +25,6 @@
 //! (`/healthz`, `/readyz`, `/metrics`) still go to the shared axum router, exempt from the
 //! in-flight bound and the rate limits: probes and scrapers must get through a flood.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -36,16 +34,16 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::FutureExt;
 use hyper::body::Incoming;
-use metrics::{Counter, Histogram};
 use tower::ServiceExt;
 use tracing::Instrument;
 
 use seckill_http::error_response;
 use seckill_http::layers::{REQUEST_ID, is_usable_request_id, new_request_id};
+use seckill_http::request_metrics::{self, method_label};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
@@ -242,49 +240,9 @@ fn with_request_id(
     (request, id)
 }
 
-/// The method as a metric label: the standard ones by name, anything else `other` (a
-/// client must not create series at will).
-fn method_label(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::PATCH => "PATCH",
-        Method::DELETE => "DELETE",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    }
-}
-
-/// A metric series of one (route, method, status).
-struct Series {
-    requests: Counter,
-    duration: Histogram,
-}
-
-thread_local! {
-    /// Handles already registered, per worker thread: looking a series up in the recorder
-    /// builds its key (allocating its labels) and takes a lock; this takes neither.
-    static SERIES: RefCell<HashMap<(&'static str, &'static str, u16), Series>> =
-        RefCell::new(HashMap::new());
-}
-
 /// Counts and times one answer.
 fn record(route: &'static str, method: &'static str, status: StatusCode, started: Instant) {
-    let elapsed = started.elapsed().as_secs_f64();
-    SERIES.with_borrow_mut(|series| {
-        let series = series
-            .entry((route, method, status.as_u16()))
-            .or_insert_with(|| Series {
-                requests: metrics::counter!("http_requests_total", "service" => "gateway",
-                    "route" => route, "method" => method, "status" => status.as_str().to_owned()),
-                duration: metrics::histogram!("http_request_duration_seconds",
-                    "service" => "gateway", "route" => route, "method" => method),
-            });
-        series.requests.increment(1);
-        series.duration.record(elapsed);
-    });
+    request_metrics::record("gateway", route, method, status, started.elapsed());
 }
 
 #[cfg(test)]
@@ -305,12 +263,5 @@ mod tests {
             0,
             "shed attempts leave no count"
         );
-    }
-
-    #[test]
-    fn only_standard_methods_get_their_own_label() {
-        assert_eq!(method_label(&Method::POST), "POST");
-        let odd = Method::from_bytes(b"BREW").expect("method");
-        assert_eq!(method_label(&odd), "other");
     }
 }

@@ -14,6 +14,8 @@ use tower_http::request_id::{
 };
 use tower_http::trace::TraceLayer;
 
+use crate::request_metrics;
+
 /// A route label a handler can put in its response extensions when it serves a path that
 /// matched no route template (the gateway's proxy fallback), to keep metric series few.
 #[derive(Debug, Clone, Copy)]
@@ -96,25 +98,17 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
 async fn record_metrics(service: &'static str, req: Request, next: Next) -> Response {
     let started = Instant::now();
     // The route template, not the raw path: one series per route, not per product id.
-    let matched = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned());
-    let method = req.method().to_string();
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let method = request_metrics::method_label(req.method());
     let response = next.run(req).await;
-    let route = matched
-        .or_else(|| {
-            let label = response.extensions().get::<RouteLabel>()?;
-            Some(label.0.to_owned())
-        })
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let status = response.status().as_u16().to_string();
-    metrics::counter!("http_requests_total", "service" => service, "route" => route.clone(),
-        "method" => method.clone(), "status" => status)
-    .increment(1);
-    metrics::histogram!("http_request_duration_seconds", "service" => service, "route" => route,
-        "method" => method)
-    .record(started.elapsed().as_secs_f64());
+    let route = match &matched {
+        Some(matched) => matched.as_str(),
+        None => response
+            .extensions()
+            .get::<RouteLabel>()
+            .map_or("unmatched", |label| label.0),
+    };
+    request_metrics::record(service, route, method, response.status(), started.elapsed());
     response
 }
 

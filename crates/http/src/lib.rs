@@ -10,6 +10,7 @@
 pub mod error;
 pub mod layers;
 pub mod ops;
+pub mod request_metrics;
 pub mod shutdown;
 
 pub use error::{ErrorBody, JsonBody, PathId, QueryParams, error_response};
