@@ -4,7 +4,8 @@
 # twice: on the single Redis server, then on a local 3-master Redis Cluster
 # (scripts/redis-cluster.sh), because every script and key layout must work on both.
 # Arguments go to `cargo test` (e.g. `scripts/test.sh -p gateway`, `scripts/test.sh -- --nocapture`);
-# SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only.
+# SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only. A cluster the run
+# started is stopped at its end; one that was already running is left as it was.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -13,7 +14,18 @@ set -euo pipefail
 require_cargo
 "$SCRIPTS/infra.sh"
 modes=${SECKILL_TEST_REDIS_MODES:-single cluster}
+log=
+# A cluster this run started is stopped again at the end; one that was already up stays.
+started_cluster=0
+cleanup() {
+  [ -z "$log" ] || rm -f "$log"
+  if ((started_cluster)); then
+    "$SCRIPTS/redis-cluster.sh" stop >/dev/null 2>&1 || true
+  fi
+}
+trap cleanup EXIT
 if [[ " $modes " == *" cluster "* ]]; then
+  "$SCRIPTS/redis-cluster.sh" status >/dev/null 2>&1 || started_cluster=1
   "$SCRIPTS/redis-cluster.sh" start
 fi
 "$SCRIPTS/clean-test-state.sh" t_
@@ -22,16 +34,23 @@ cd "$ROOT"
 # Keep cargo's output as it is, then close with one total over every test binary (the last
 # binary cargo runs is usually a doc-test one with 0 tests, which says nothing on its own).
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 status=0
+# The whole workspace, unless the arguments name packages (`-p`/`--package`).
+scope=(--workspace)
+for arg in "$@"; do
+  case $arg in
+    --) break ;;
+    -p | -p* | --package | --package=*) scope=() ;;
+  esac
+done
 for mode in $modes; do
   case "$mode" in
     single) unset SECKILL_TEST_REDIS_CLUSTER ;;
     cluster) SECKILL_TEST_REDIS_CLUSTER=$("$SCRIPTS/redis-cluster.sh" url); export SECKILL_TEST_REDIS_CLUSTER ;;
     *) die "unknown Redis mode '$mode' (single or cluster)" ;;
   esac
-  say "cargo test --workspace $* (Redis: $mode)"
-  cargo test --workspace "$@" 2>&1 | tee -a "$log" || status=$?
+  say "cargo test ${scope[*]-} $* (Redis: $mode)"
+  cargo test "${scope[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
 done
 totals=$(awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed", passed, failed }' "$log")
 echo "tests: $totals"
