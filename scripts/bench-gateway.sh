@@ -402,7 +402,24 @@ awk -v d="$(median_of direct 3)" -v g="$(median_of gateway 3)" -v n="$(median_of
         verdict = (g / n >= 1.0 ? "met" : "not met") " / " (gp - dp <= 1.0 ? "met" : "not met")
         printf "goals at -c%s (throughput / p99)  %s\n", c, verdict
     }'
+# The same ratio round by round: the paths of one round ran minutes apart at most, so on a
+# machine whose speed drifts (shared hosts do) the spread of these says how far to trust it.
+# shellcheck disable=SC2016 # awk's own $ fields
+per_round() { # per_round A B: A's / B's throughput in each loaded round, then their median
+    awk -F'\t' -v a="$1" -v b="$2" '
+        NR > 1 && $1 ~ /^[0-9]+$/ { rps[$1, $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+        END {
+            for (i = 1; i <= n; i++) {
+                r = order[i]
+                if (rps[r, b] > 0) { x[++m] = rps[r, a] / rps[r, b]; printf "%.2f ", x[m] }
+            }
+            for (i = 2; i <= m; i++) { v = x[i]; for (j = i - 1; j >= 1 && x[j] > v; j--) x[j + 1] = x[j]; x[j + 1] = v }
+            if (m) printf "(median %.2fx)", m % 2 ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2
+        }' "$RESULTS"
+}
+echo "gateway / nginx by round       $(per_round gateway nginx)"
 if [ -n "$baseline" ]; then
+    echo "gateway / baseline by round    $(per_round gateway baseline)"
     awk -v g="$(median_of gateway 3)" -v b="$(median_of baseline 3)" \
         -v gc="$(median_of gateway 8)" -v bc="$(median_of baseline 8)" 'BEGIN {
         printf "gateway / baseline throughput %.2fx; CPU per request %.1f vs %.1f us (%.2fx)\n", g / b, gc, bc, gc / bc
