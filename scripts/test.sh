@@ -5,7 +5,7 @@
 # (scripts/redis-cluster.sh), because every script and key layout must work on both.
 # Arguments go to `cargo test` (e.g. `scripts/test.sh -p gateway`, `scripts/test.sh -- --nocapture`);
 # SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only. A cluster the run
-# started is stopped at its end; one that was already running is left as it was.
+# started is stopped at its end; one that was already up and healthy is left as it was.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -15,7 +15,7 @@ require_cargo
 "$SCRIPTS/infra.sh"
 modes=${SECKILL_TEST_REDIS_MODES:-single cluster}
 log=
-# A cluster this run started is stopped again at the end; one that was already up stays.
+# A cluster this run started (or had to rebuild) is stopped at the end; a healthy one stays.
 started_cluster=0
 cleanup() {
   [ -z "$log" ] || rm -f "$log"

@@ -51,15 +51,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// those its `Connection` headers name.
 pub struct HopByHop<'a> {
     headers: &'a [httparse::Header<'a>],
-    /// A `Connection` header names something beyond the fixed list and `close`.
+    /// A `Connection` header names something beyond the fixed list.
     names_others: bool,
 }
 
 impl<'a> HopByHop<'a> {
     /// The hop-by-hop headers among `headers`.
     pub fn of(headers: &'a [httparse::Header<'a>]) -> Self {
-        let names_others = connection_names(headers)
-            .any(|named| !named.eq_ignore_ascii_case("close") && !is_listed(named));
+        let names_others = connection_names(headers).any(|named| !is_listed(named));
         Self {
             headers,
             names_others,

@@ -28,7 +28,6 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -245,6 +244,9 @@ impl Pool {
     }
 
     fn checkin(&self, mut connection: Connection) {
+        if self.settings.idle_timeout.is_zero() {
+            return;
+        }
         if connection.read.capacity() > GROWTH_STEP {
             connection.read = BytesMut::with_capacity(4096);
         }
@@ -280,22 +282,18 @@ impl Pool {
 /// With `verify`, asks the socket itself (a non-blocking peek): tokio's readiness learns of
 /// a close only when the reactor next turns. Without, the peek is made only when the reactor
 /// has seen the socket become readable since the last answer was read (a short read clears
-/// that), and a would-block clears it again.
+/// that), and a would-block clears it again (`try_io`).
 fn still_open(connection: &Connection, verify: bool) -> bool {
     let peek = || {
         let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         socket2::SockRef::from(&connection.stream).peek(&mut probe)
     };
-    let would_block = |result: io::Result<usize>| matches!(result, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-    if verify {
-        return would_block(peek());
-    }
-    let mut context = Context::from_waker(Waker::noop());
-    match connection.stream.poll_read_ready(&mut context) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => would_block(connection.stream.try_io(Interest::READABLE, peek)),
-    }
+    let result = if verify {
+        peek()
+    } else {
+        connection.stream.try_io(Interest::READABLE, peek)
+    };
+    matches!(result, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// The request as it goes on the wire: request line, `Host`, the forwarded headers (any
@@ -738,6 +736,72 @@ mod tests {
         }
         assert_eq!(replica.requests.load(Ordering::SeqCst), 3);
         assert_eq!(replica.connections.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_purchase_is_not_written_on_an_idle_connection_the_replica_closed() {
+        // The replica is a plain thread, and the test blocks its runtime while the replica
+        // hangs up: the reactor cannot have seen the close when the purchase is checked
+        // out, so only asking the socket (the peek) finds it.
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("addr").to_string();
+        let (hang_up, hung_up) = (std::sync::mpsc::channel(), std::sync::mpsc::channel());
+        let replica = std::thread::spawn(move || {
+            let mut requests = 0;
+            for round in 0..2 {
+                let (mut stream, _) = listener.accept().expect("accept");
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                requests += 1;
+                stream.write_all(OK.as_bytes()).expect("write");
+                if round == 0 {
+                    hang_up.1.recv().expect("told to hang up");
+                    drop(stream);
+                    hung_up.0.send(()).expect("report");
+                }
+            }
+            requests
+        });
+        let pool = pool_with(&address, PoolSettings::default());
+        pool.exchange(get("/")).await.expect("exchange");
+        hang_up.0.send(()).expect("hang up");
+        hung_up.1.recv().expect("hung up");
+        let purchase = Request::post("/api/seckill/1")
+            .body(Bytes::from_static(b"{}"))
+            .expect("request");
+        let answer = pool.exchange(purchase).await.expect("on a new connection");
+        assert_eq!(answer.body().as_ref(), b"ok");
+        let requests = tokio::task::spawn_blocking(move || replica.join().expect("replica"))
+            .await
+            .expect("join");
+        assert_eq!(
+            requests, 2,
+            "the purchase reached the replica once, on the new connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_a_zero_idle_timeout_no_connection_is_kept() {
+        let replica = scripted(|_| Reply::Answer(OK)).await;
+        let pool = pool_with(
+            &replica.address,
+            PoolSettings {
+                idle_timeout: Duration::ZERO,
+                ..PoolSettings::default()
+            },
+        );
+        for _ in 0..2 {
+            pool.exchange(get("/")).await.expect("exchange");
+            assert_eq!(pool.idle_here(), 0);
+        }
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
