@@ -692,6 +692,18 @@ mod tests {
         }
     }
 
+    /// A replica that answers its first request and hangs up on every later one unanswered.
+    async fn answers_once() -> Replica {
+        scripted(|n| {
+            if n == 0 {
+                Reply::Answer(OK)
+            } else {
+                Reply::Hangup
+            }
+        })
+        .await
+    }
+
     fn get(path: &str) -> Request<Bytes> {
         Request::get(path).body(Bytes::new()).expect("request")
     }
@@ -788,23 +800,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn with_a_zero_idle_timeout_no_connection_is_kept() {
-        let replica = scripted(|_| Reply::Answer(OK)).await;
-        let pool = pool_with(
-            &replica.address,
-            PoolSettings {
-                idle_timeout: Duration::ZERO,
-                ..PoolSettings::default()
-            },
-        );
-        for _ in 0..2 {
-            pool.exchange(get("/")).await.expect("exchange");
-            assert_eq!(pool.idle_here(), 0);
-        }
-        assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
     async fn a_connection_close_answer_is_delivered_and_the_connection_not_kept() {
         let replica = scripted(|_| {
             Reply::Answer("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 3\r\n\r\nbye")
@@ -838,14 +833,7 @@ mod tests {
     async fn a_request_that_reached_the_replica_is_never_sent_again() {
         // The first request is answered (the connection is then reused); the second is
         // received and the connection dropped without an answer.
-        let replica = scripted(|n| {
-            if n == 0 {
-                Reply::Answer(OK)
-            } else {
-                Reply::Hangup
-            }
-        })
-        .await;
+        let replica = answers_once().await;
         let pool = pool(&replica);
         pool.exchange(get("/")).await.expect("first exchange");
         let purchase = Request::post("/api/seckill/1/purchase")
@@ -879,14 +867,7 @@ mod tests {
         assert_eq!(replica.requests.load(Ordering::SeqCst), 3);
         assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
         // A new connection that ends unanswered is not tried a third time.
-        let replica = scripted(|n| {
-            if n == 0 {
-                Reply::Answer(OK)
-            } else {
-                Reply::Hangup
-            }
-        })
-        .await;
+        let replica = answers_once().await;
         let stubborn = self::pool(&replica);
         stubborn.exchange(get("/")).await.expect("first exchange");
         let failed = stubborn.exchange(get("/again")).await;
@@ -1064,8 +1045,10 @@ mod tests {
                 ..PoolSettings::default()
             },
         );
-        pool.exchange(get("/")).await.expect("exchange");
-        pool.exchange(get("/")).await.expect("exchange");
+        for _ in 0..2 {
+            pool.exchange(get("/")).await.expect("exchange");
+            assert_eq!(pool.idle_here(), 0, "closed at once, not parked");
+        }
         assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
     }
 
