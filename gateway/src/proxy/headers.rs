@@ -35,12 +35,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(&HOP_BY_HOP[0])
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+    let values = headers.get_all(&HOP_BY_HOP[0]).into_iter();
+    let named: Vec<HeaderName> = list_items(values.map(HeaderValue::as_bytes))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
@@ -82,10 +79,18 @@ fn is_listed(name: &str) -> bool {
 
 /// The names the `Connection` headers among `headers` list.
 fn connection_names<'h>(headers: &'h [httparse::Header<'_>]) -> impl Iterator<Item = &'h str> {
-    headers
+    let values = headers
         .iter()
         .filter(|h| h.name.eq_ignore_ascii_case(HOP_BY_HOP[0].as_str()))
-        .filter_map(|h| std::str::from_utf8(h.value).ok())
+        .map(|h| h.value);
+    list_items(values)
+}
+
+/// The items of comma-separated header values (RFC 9110 §5.6.1), trimmed; a value that is
+/// not text lists nothing.
+pub fn list_items<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iterator<Item = &'a str> {
+    values
+        .filter_map(|v| std::str::from_utf8(v).ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
 }

@@ -145,7 +145,7 @@ pub async fn forward(
     let headers = &mut parts.headers;
     let trace_id = headers::prepare(headers, peer, &state.trusted_proxies);
     tracing::Span::current().record("trace_id", trace_id.as_str());
-    // sign_into first removes every identity header the client may have sent.
+    // sign_into replaces every identity header the client may have sent.
     state
         .signer
         .sign_into(headers, caller.user_id, &caller.roles);
@@ -157,7 +157,8 @@ pub async fn forward(
         match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request)).await {
             // Its headers are end-to-end ones already (the pool leaves hop-by-hop ones out).
             Ok(Ok(upstream_response)) => return upstream_response.map(Body::from),
-            // Nothing reached the replica: safe to try the next one, even for a purchase.
+            // Nothing reached the replica (or, for a safe request, nothing was answered):
+            // safe to try the next one, even for a purchase.
             Ok(Err(ExchangeError::Connect {
                 reason,
                 request: unsent,

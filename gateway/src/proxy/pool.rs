@@ -68,7 +68,8 @@ impl Default for PoolSettings {
 /// Why an exchange with a replica failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
-    /// No byte of the request left the gateway: here it is back, for another replica.
+    /// No byte of the request left the gateway (or, for a safe request, none was answered
+    /// and no new connection could be made): here it is back, for another replica.
     #[error("could not connect: {reason}")]
     Connect {
         /// What went wrong.
@@ -199,12 +200,10 @@ impl Pool {
             // The first bytes of the answer. A reused connection that ends here was closed
             // by the replica while idle (or it dropped the request unanswered): a safe
             // request goes again, on a new connection.
-            connection.read.reserve(4096);
-            match connection.stream.read_buf(&mut connection.read).await {
-                Ok(0) | Err(_) if reused && safe => fresh_only = true,
-                Ok(0) => return Err(ExchangeError::Failed("closed before answering".into())),
-                Err(e) => return Err(ExchangeError::Failed(e.to_string())),
-                Ok(_) => break connection,
+            match fill(&mut connection).await {
+                Err(_) if reused && safe => fresh_only = true,
+                Err(e) => return Err(e),
+                Ok(()) => break connection,
             }
         };
         let (response, keep) =
@@ -354,13 +353,14 @@ async fn read_response(
     max_body: usize,
 ) -> Result<(Response<Bytes>, bool), ExchangeError> {
     let failed = |what: &str| ExchangeError::Failed(what.to_string());
-    let (status, mut headers, framing) = loop {
+    let (status, mut headers, framing, bodiless) = loop {
         let parsed = {
             let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
             let mut head = httparse::Response::new(&mut slots);
             match head.parse(&connection.read) {
                 Ok(httparse::Status::Complete(length)) => {
                     let status = head.code.ok_or_else(|| failed("no status"))?;
+                    // No body, whatever the head announces (RFC 9112 §6.3).
                     let bodiless = head_only || status == 204 || status == 304;
                     let framing = framing(head.headers, head.version == Some(1));
                     let hop_by_hop = headers::HopByHop::of(head.headers);
@@ -377,20 +377,20 @@ async fn read_response(
                             .map_err(|_| failed("bad header value in the answer"))?;
                         headers.append(name, value);
                     }
-                    Some((length, status, headers, framing))
+                    Some((length, status, headers, framing, bodiless))
                 }
                 Ok(httparse::Status::Partial) => None,
                 Err(e) => return Err(ExchangeError::Failed(format!("bad answer head: {e}"))),
             }
         };
         match parsed {
-            Some((length, status, headers, framing)) => {
+            Some((length, status, headers, framing, bodiless)) => {
                 connection.read.advance(length);
                 // An interim answer (100 Continue and the like): the real one follows.
                 if (100..200).contains(&status) && status != 101 {
                     continue;
                 }
-                break (status, headers, framing);
+                break (status, headers, framing, bodiless);
             }
             None if connection.read.len() > MAX_RESPONSE_HEAD => {
                 return Err(failed("answer head too large"));
@@ -403,8 +403,6 @@ async fn read_response(
         return Err(failed("the replica switched protocols"));
     }
     let mut keep = framing.keep_alive;
-    let bodiless =
-        head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let body = if bodiless {
         Bytes::new()
     } else if let Some(chunked) = framing.transfer_encoding {
@@ -460,12 +458,7 @@ fn framing(headers: &[httparse::Header<'_>], http11: bool) -> Framing {
 
 /// Whether the last transfer coding, over every `Transfer-Encoding` line, is `chunked`.
 fn last_coding_is_chunked<'a>(values: impl Iterator<Item = &'a [u8]>) -> bool {
-    let last = values
-        .filter_map(|v| std::str::from_utf8(v).ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .last();
+    let last = headers::list_items(values).filter(|c| !c.is_empty()).last();
     last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
 }
 
@@ -491,10 +484,7 @@ fn content_length<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<usize> {
 
 /// Whether comma-separated header values hold `token` (case-insensitive).
 fn has_token<'a>(values: impl Iterator<Item = &'a [u8]>, token: &str) -> bool {
-    values
-        .filter_map(|v| std::str::from_utf8(v).ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+    headers::list_items(values).any(|t| t.eq_ignore_ascii_case(token))
 }
 
 /// Reads more into the connection's buffer; the end of the stream here is a failure.
