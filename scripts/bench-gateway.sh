@@ -369,10 +369,13 @@ fi
 # ---------------------------------------------------------------------------------------
 # Report.
 
+median() { # median: of the numbers on standard input, one per line ("nan" for none)
+    sort -g |
+        awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
 median_of() { # median_of TARGET COLUMN [ROUND-PATTERN]: median over the loaded rounds
     awk -F'\t' -v t="$1" -v c="$2" -v r="${3:-^[0-9]+$}" 'NR > 1 && $2 == t && $1 ~ r { print $c }' "$RESULTS" |
-        sort -g |
-        awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+        median
 }
 row() { printf '| %-6s | %-8s | %8s | %7s | %7s | %7s | %10s | %13s | %8s | %6s |\n' "$@"; }
 
@@ -406,16 +409,12 @@ awk -v d="$(median_of direct 3)" -v g="$(median_of gateway 3)" -v n="$(median_of
 # machine whose speed drifts (shared hosts do) the spread of these says how far to trust it.
 # shellcheck disable=SC2016 # awk's own $ fields
 per_round() { # per_round A B: A's / B's throughput in each loaded round, then their median
-    awk -F'\t' -v a="$1" -v b="$2" '
+    local ratios
+    ratios=$(awk -F'\t' -v a="$1" -v b="$2" '
         NR > 1 && $1 ~ /^[0-9]+$/ { rps[$1, $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
-        END {
-            for (i = 1; i <= n; i++) {
-                r = order[i]
-                if (rps[r, b] > 0) { x[++m] = rps[r, a] / rps[r, b]; printf "%.2f ", x[m] }
-            }
-            for (i = 2; i <= m; i++) { v = x[i]; for (j = i - 1; j >= 1 && x[j] > v; j--) x[j + 1] = x[j]; x[j + 1] = v }
-            if (m) printf "(median %.2fx)", m % 2 ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2
-        }' "$RESULTS"
+        END { for (i = 1; i <= n; i++) if (rps[order[i], b] > 0) printf "%.2f\n", rps[order[i], a] / rps[order[i], b] }' "$RESULTS")
+    [ -n "$ratios" ] || return 0
+    printf '%s (median %.2fx)' "$(echo "$ratios" | paste -sd' ')" "$(echo "$ratios" | median)"
 }
 echo "gateway / nginx by round       $(per_round gateway nginx)"
 if [ -n "$baseline" ]; then
