@@ -83,11 +83,26 @@ pub struct Config {
 }
 
 /// The right to make one call; report how it went with [`CircuitBreaker::record`].
+///
+/// A trial call's permit dropped without an outcome (the batch held nothing to write, or
+/// its handler panicked) gives its trial back: otherwise half-open would wait forever for
+/// an outcome that never comes, refusing every call.
 #[derive(Debug)]
 #[must_use = "record the call's outcome"]
-pub struct Permit {
+pub struct Permit<'a> {
+    breaker: &'a CircuitBreaker,
     started: Instant,
-    half_open: bool,
+    /// The half-open round this is a trial call of, if any.
+    trial_of: Option<u64>,
+    recorded: bool,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if let (false, Some(round)) = (self.recorded, self.trial_of) {
+            self.breaker.give_back_trial(round);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +119,9 @@ struct Inner {
     opened_at: Instant,
     half_open_started: usize,
     half_open_calls: Vec<Call>,
+    /// Counts the times the breaker went half-open: a trial's outcome counts only in its
+    /// own round.
+    half_open_round: u64,
     /// The state to go back to when a force is lifted.
     forced: Option<State>,
 }
@@ -128,6 +146,7 @@ impl CircuitBreaker {
                 opened_at: Instant::now(),
                 half_open_started: 0,
                 half_open_calls: Vec::new(),
+                half_open_round: 0,
                 forced: None,
             }),
             changes: watch::channel(State::Closed).0,
@@ -147,27 +166,28 @@ impl CircuitBreaker {
     }
 
     /// A permit for one call, or `None` when the breaker refuses it.
-    pub fn try_acquire(&self) -> Option<Permit> {
+    pub fn try_acquire(&self) -> Option<Permit<'_>> {
         let mut inner = self.lock();
         self.expire_open(&mut inner);
-        match inner.state {
-            State::Closed | State::ForcedClosed => Some(Permit {
-                started: Instant::now(),
-                half_open: false,
-            }),
+        let trial_of = match inner.state {
+            State::Closed | State::ForcedClosed => None,
             State::HalfOpen if inner.half_open_started < self.config.permitted_in_half_open => {
                 inner.half_open_started += 1;
-                Some(Permit {
-                    started: Instant::now(),
-                    half_open: true,
-                })
+                Some(inner.half_open_round)
             }
-            State::HalfOpen | State::Open | State::ForcedOpen => None,
-        }
+            State::HalfOpen | State::Open | State::ForcedOpen => return None,
+        };
+        Some(Permit {
+            breaker: self,
+            started: Instant::now(),
+            trial_of,
+            recorded: false,
+        })
     }
 
     /// Reports a call's outcome.
-    pub fn record(&self, permit: Permit, failed: bool) {
+    pub fn record(&self, mut permit: Permit<'_>, failed: bool) {
+        permit.recorded = true;
         let now = Instant::now();
         let call = Call {
             at: now,
@@ -183,7 +203,7 @@ impl CircuitBreaker {
                     self.open(&mut inner, "threshold exceeded");
                 }
             }
-            State::HalfOpen if permit.half_open => {
+            State::HalfOpen if permit.trial_of == Some(inner.half_open_round) => {
                 inner.half_open_calls.push(call);
                 if inner.half_open_calls.len() >= self.config.permitted_in_half_open {
                     let calls = std::mem::take(&mut inner.half_open_calls);
@@ -220,6 +240,14 @@ impl CircuitBreaker {
         }
     }
 
+    /// A trial call of half-open round `round` ended without an outcome: another may run.
+    fn give_back_trial(&self, round: u64) {
+        let mut inner = self.lock();
+        if inner.state == State::HalfOpen && inner.half_open_round == round {
+            inner.half_open_started = inner.half_open_started.saturating_sub(1);
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -228,6 +256,7 @@ impl CircuitBreaker {
         if inner.state == State::Open && inner.opened_at.elapsed() >= self.config.wait_in_open {
             inner.half_open_started = 0;
             inner.half_open_calls.clear();
+            inner.half_open_round += 1;
             self.transition(inner, State::HalfOpen, "wait in open is over");
         }
     }
@@ -473,6 +502,54 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(60)).await;
         call(&breaker, false);
         call(&breaker, false);
+        assert_eq!(breaker.state(), State::Closed);
+    }
+
+    #[tokio::test]
+    async fn a_trial_dropped_without_an_outcome_gives_its_place_back() {
+        let breaker = CircuitBreaker::new(config());
+        for _ in 0..5 {
+            call(&breaker, true);
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(breaker.state(), State::HalfOpen);
+        let kept = breaker.try_acquire().expect("first trial");
+        // A batch with nothing to write, or a handler that panicked: no outcome.
+        drop(breaker.try_acquire().expect("second trial"));
+        let again = breaker
+            .try_acquire()
+            .expect("the dropped trial's place is free again");
+        assert!(breaker.try_acquire().is_none(), "still only two at once");
+        breaker.record(kept, false);
+        breaker.record(again, false);
+        assert_eq!(breaker.state(), State::Closed, "both trials passed");
+    }
+
+    #[tokio::test]
+    async fn a_trial_of_an_earlier_round_does_not_decide_the_next() {
+        let breaker = CircuitBreaker::new(config());
+        let open_then_half_open = || async {
+            for _ in 0..5 {
+                call(&breaker, true);
+            }
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert_eq!(breaker.state(), State::HalfOpen);
+        };
+        open_then_half_open().await;
+        let late = breaker.try_acquire().expect("a trial of round 1");
+        // Round 1 ends without it (an operator's force and back), and round 2 begins.
+        breaker.force(Some(State::ForcedOpen));
+        breaker.force(None);
+        open_then_half_open().await;
+        let trial = breaker.try_acquire().expect("a trial of round 2");
+        breaker.record(late, false);
+        call(&breaker, false);
+        assert_eq!(
+            breaker.state(),
+            State::HalfOpen,
+            "round 1's late outcome is not one of round 2's two"
+        );
+        breaker.record(trial, false);
         assert_eq!(breaker.state(), State::Closed);
     }
 
