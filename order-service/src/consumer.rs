@@ -252,6 +252,7 @@ impl OrderConsumer {
                 }
             }
         };
+        let mut ended = ended;
         if ended.is_ok() {
             // Stop new deliveries; the stream ends after those the broker already pushed.
             let _ = channel
@@ -267,7 +268,13 @@ impl OrderConsumer {
                 .await
                 .is_err()
             {
-                tracing::warn!("consumer did not end after cancel; the broker requeues the rest");
+                // Deliveries still unread are unknown to the ack window: on this channel the
+                // next consumer's coalesced ack would cover them unprocessed. Ending with an
+                // error closes the channel, and the broker requeues them.
+                tracing::warn!("consumer did not end after cancel; closing its channel");
+                ended = Err(anyhow::anyhow!(
+                    "consumer did not end within 5 s of its cancel"
+                ));
             }
         }
         match ended {
