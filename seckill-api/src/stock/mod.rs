@@ -49,6 +49,7 @@
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use redis::Script;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -510,6 +511,7 @@ impl StockEngine {
                 .key(self.keys.buyers(id, bucket))
                 .key(self.keys.takers(id, bucket))
                 .key(self.keys.results(id, bucket))
+                .key(self.keys.returned(id, bucket))
                 .arg(product.start_at.timestamp_millis())
                 .arg(product.end_at.timestamp_millis())
                 .arg(expire_at_ms(product))
@@ -634,6 +636,7 @@ impl StockEngine {
             .query_async::<()>(&mut conn)
             .await?;
         if loaded_now > 0 {
+            self.catch_up_window(product).await?;
             tracing::info!(
                 product_id = product.id,
                 remaining,
@@ -645,6 +648,33 @@ impl StockEngine {
             metrics::counter!("seckill_stock_loads_total").increment(1);
         }
         Ok(())
+    }
+
+    /// After a load from `product`, a snapshot that may predate an edit of its window: the
+    /// edit's own [`StockEngine::update_window`] (run once the edit is committed) reached
+    /// only the buckets loaded before it. Re-reading the window after the load closes the
+    /// gap: either this read sees the edit, or the edit committed later and its update saw
+    /// these buckets. Without it a bucket could keep the old expiry and, the sale extended,
+    /// expire and reload mid-sale on top of its earlier share.
+    async fn catch_up_window(&self, product: &Product) -> Result<(), ApiError> {
+        let window: Option<(DateTime<Utc>, DateTime<Utc>)> =
+            sqlx::query_as("SELECT start_at, end_at FROM products WHERE id = $1")
+                .bind(product.id)
+                .fetch_optional(&self.db)
+                .await?;
+        match window {
+            Some((start_at, end_at))
+                if (start_at, end_at) != (product.start_at, product.end_at) =>
+            {
+                let edited = Product {
+                    start_at,
+                    end_at,
+                    ..product.clone()
+                };
+                self.update_window(&edited).await
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -273,6 +273,62 @@ async fn a_window_changed_on_one_replica_applies_on_another() {
 }
 
 #[tokio::test]
+async fn a_sale_closed_with_an_end_long_past_keeps_its_buyers_when_reopened() {
+    let ns = TestNamespace::new();
+    let app = Replica::start(settings_for(&ns)).await;
+    let now = Utc::now();
+    let id = app
+        .create_product(
+            now - ChronoDuration::hours(3),
+            now + ChronoDuration::hours(1),
+        )
+        .await;
+    // Loads the stock. No order-service runs here: the purchase waits in the outbox, as an
+    // accepted purchase does during a broker outage, and Postgres knows nothing of it.
+    assert_eq!(app.purchase(id, 41).await.status(), 202);
+
+    // Closed with an end two hours past (beyond the keys' hour of grace), then reopened.
+    for (end_at, active) in [
+        (now - ChronoDuration::hours(2), false),
+        (now + ChronoDuration::hours(1), true),
+    ] {
+        let response = app.patch(id, &["admin"], json!({ "end_at": end_at })).await;
+        assert_eq!(response.status(), 200);
+        let on = &app;
+        eventually(
+            "the replica to see the window",
+            PROPAGATION,
+            || async move {
+                let body: Value = on.get_product(id).await.json().await.ok()?;
+                (body["active"] == active).then_some(())
+            },
+        )
+        .await;
+    }
+
+    // Had closing expired the buckets, they would have reloaded from Postgres alone: the
+    // buyer could buy again, and the unit in the outbox would be sold twice.
+    assert_error(app.purchase(id, 41).await, 409, "already_purchased").await;
+    let body: Value = app.get_product(id).await.json().await.expect("json");
+    let buckets = body["stock_buckets"].as_i64().expect("stock_buckets") as u16;
+    let mut redis = ns.redis().await;
+    let mut remaining = 0;
+    for bucket in 0..buckets {
+        let units: i64 = redis::cmd("HGET")
+            .arg(ns.keys().stock(id, bucket))
+            .arg("remaining")
+            .query_async(&mut redis)
+            .await
+            .expect("every bucket is still loaded");
+        remaining += units;
+    }
+    assert_eq!(remaining, 9, "ten units, one sold");
+
+    app.stop().await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_sale_opened_early_on_one_replica_sells_on_another() {
     let ns = TestNamespace::new();
     let a = Replica::start(settings_for(&ns)).await;
