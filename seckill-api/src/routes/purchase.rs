@@ -183,8 +183,11 @@ async fn decide(
         Decision::Accepted { bucket } => Ok((request_id, bucket)),
         Decision::AlreadyPurchased => Err(ApiError::AlreadyPurchased),
         Decision::NotActive => Err(ApiError::ActivityNotActive),
-        Decision::SoldOut => {
-            state.sold_out.insert(product_id, ()).await;
+        Decision::SoldOut { flagged } => {
+            // Not remembered when a unit came back during the sweep: it is on sale again.
+            if flagged {
+                state.sold_out.insert(product_id, ()).await;
+            }
             Err(ApiError::SoldOut)
         }
     }

@@ -68,7 +68,11 @@ pub enum Decision {
         bucket: u16,
     },
     /// No units left.
-    SoldOut,
+    SoldOut {
+        /// The product's sold-out flag is up in Redis, so a replica may remember it for a
+        /// moment. False when a unit went back on sale during the sweep (the flag refused).
+        flagged: bool,
+    },
     /// This user already holds a unit.
     AlreadyPurchased,
     /// Outside the sale window.
@@ -254,7 +258,7 @@ impl StockEngine {
             .await?;
         if sold_out.is_some() {
             metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "redis").increment(1);
-            return Ok(Decision::SoldOut);
+            return Ok(Decision::SoldOut { flagged: true });
         }
         metrics::counter!("seckill_bucket_sweeps_total").increment(1);
         let started = Instant::now();
@@ -317,9 +321,10 @@ impl StockEngine {
             }
         }
         self.release(id, home, req.user_id, &reservation).await?;
-        self.raise_sold_out(product, generation.unwrap_or_default())
+        let flagged = self
+            .raise_sold_out(product, generation.unwrap_or_default())
             .await?;
-        Ok(Decision::SoldOut)
+        Ok(Decision::SoldOut { flagged })
     }
 
     /// One sweep step on `bucket`; a lost answer is recovered from the takers hash.
@@ -439,7 +444,13 @@ impl StockEngine {
         Ok(false)
     }
 
-    async fn raise_sold_out(&self, product: &Product, generation: String) -> Result<(), ApiError> {
+    /// Raises the sold-out flag unless a unit went back on sale since `generation` was read;
+    /// whether it is up.
+    async fn raise_sold_out(
+        &self,
+        product: &Product,
+        generation: String,
+    ) -> Result<bool, ApiError> {
         let mut conn = self.redis.get().await?;
         let raised: i64 = self
             .scripts
@@ -453,7 +464,7 @@ impl StockEngine {
             tracing::info!(product_id = product.id, "product sold out");
             metrics::counter!("seckill_sold_out_flags_raised_total").increment(1);
         }
-        Ok(())
+        Ok(raised == 1)
     }
 
     /// Whether `HGET key field` equals `expected` (false when Redis cannot tell).
