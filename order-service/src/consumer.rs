@@ -211,9 +211,19 @@ impl OrderConsumer {
         let idle = || tokio::time::Instant::now() + Duration::from_secs(3600);
         let mut flush_at = idle();
         let trial = self.breaker.state() == crate::breaker::State::HalfOpen;
+        // The confirm channel can close on its own (a channel error, such as publishing to
+        // an exchange deleted under us) while this one consumes on: every retry and dead
+        // letter would then fail and be requeued, forever. Checked every second; reconnecting
+        // declares the topology again.
+        let mut publisher_check = tokio::time::interval(Duration::from_secs(1));
         let ended = loop {
             tokio::select! {
                 _ = cancel.cancelled() => break Ok(Run::Stopped),
+                _ = publisher_check.tick() => {
+                    if !out.publisher.status().connected() {
+                        break Err(anyhow::anyhow!("the publisher channel closed"));
+                    }
+                }
                 _ = changes.changed() => {
                     let state = self.breaker.state();
                     if state.pauses() {

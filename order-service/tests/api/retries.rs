@@ -84,3 +84,39 @@ async fn a_lock_released_within_the_retries_ends_in_exactly_one_order() {
     assert_eq!(app.dead_letters().await, 0);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_publisher_channel_closed_under_the_consumer_is_reopened_and_retries_resume() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        quick_retries(s);
+        s.retry_tiers_ms = "1000,1000".into();
+        s.max_attempts = 10;
+    })
+    .await;
+    let product = app.product(5).await;
+    // Publishing a retry to a missing exchange is a channel error: the broker closes the
+    // service's confirm channel, while its consuming channel stays up.
+    let retry_exchange = app.ns.topology().retry_exchange;
+    app.channel
+        .exchange_delete(retry_exchange.as_str().into(), Default::default())
+        .await
+        .expect("delete the retry exchange");
+    let lock = lock_product(&app.db, product).await;
+    let msg = app.message(product, 9);
+    app.publish(&msg).await;
+    // Only a consumer that reconnects (declaring the exchange again) can retry it.
+    let tier = app.ns.topology().retry_queue(1000);
+    eventually("a retry", Duration::from_secs(15), || async {
+        (app.ns.queue_depth(&app.channel, &tier).await > 0).then_some(())
+    })
+    .await;
+    drop(lock);
+    eventually("the order", Duration::from_secs(10), || async {
+        (app.order_count(product).await == 1).then_some(())
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 1);
+    assert_eq!(app.dead_letters().await, 0);
+    app.shutdown().await;
+}
