@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use seckill_testkit::{TestNamespace, eventually};
 
-use crate::helpers::spawn_app_with;
+use crate::helpers::{TestApp, spawn_app_with};
 
 fn quick_retries(settings: &mut order_service::Settings) {
     settings.retry_tiers_ms = "100,200".into();
@@ -67,9 +67,23 @@ async fn a_lock_released_within_the_retries_ends_in_exactly_one_order() {
     let lock = lock_product(&app.db, product).await;
     let msg = app.message(product, 8);
     app.publish(&msg).await;
-    // Wait until it has gone to a retry tier at least once, then let it through.
-    let tier = app.ns.topology().retry_queue(300);
-    eventually("a retry", Duration::from_secs(10), || async {
+    retried_then_ordered(&mut app, product, lock, 300, Duration::from_secs(10)).await;
+    assert_eq!(app.stock_remaining(product).await, 4);
+    app.shutdown().await;
+}
+
+/// Waits until the purchase locked out of `product` has gone to the `tier_ms` retry tier
+/// (within `within`), then releases the `lock`: it must end in exactly one order, no dead
+/// letter.
+async fn retried_then_ordered(
+    app: &mut TestApp,
+    product: i64,
+    lock: sqlx::Transaction<'static, sqlx::Postgres>,
+    tier_ms: u64,
+    within: Duration,
+) {
+    let tier = app.ns.topology().retry_queue(tier_ms);
+    eventually("a retry", within, || async {
         (app.ns.queue_depth(&app.channel, &tier).await > 0).then_some(())
     })
     .await;
@@ -80,9 +94,7 @@ async fn a_lock_released_within_the_retries_ends_in_exactly_one_order() {
     .await;
     app.stop_when_drained().await;
     assert_eq!(app.order_count(product).await, 1);
-    assert_eq!(app.stock_remaining(product).await, 4);
     assert_eq!(app.dead_letters().await, 0);
-    app.shutdown().await;
 }
 
 #[tokio::test]
@@ -105,18 +117,6 @@ async fn a_publisher_channel_closed_under_the_consumer_is_reopened_and_retries_r
     let msg = app.message(product, 9);
     app.publish(&msg).await;
     // Only a consumer that reconnects (declaring the exchange again) can retry it.
-    let tier = app.ns.topology().retry_queue(1000);
-    eventually("a retry", Duration::from_secs(15), || async {
-        (app.ns.queue_depth(&app.channel, &tier).await > 0).then_some(())
-    })
-    .await;
-    drop(lock);
-    eventually("the order", Duration::from_secs(10), || async {
-        (app.order_count(product).await == 1).then_some(())
-    })
-    .await;
-    app.stop_when_drained().await;
-    assert_eq!(app.order_count(product).await, 1);
-    assert_eq!(app.dead_letters().await, 0);
+    retried_then_ordered(&mut app, product, lock, 1000, Duration::from_secs(15)).await;
     app.shutdown().await;
 }
