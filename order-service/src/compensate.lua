@@ -29,9 +29,13 @@ else
 end
 -- The buyer may buy again. Only this purchase's marker is cleared ('h:<id>' bought in the
 -- home bucket, 't<n>:<id>' swept from bucket n, 'o' loaded from an order in Postgres): if
--- the buyer has bought again since, that newer purchase stands.
+-- the buyer has bought again since, that newer purchase stands. A reservation 'r:<ms>' is
+-- this purchase's too: a sweep took its unit but never settled the marker (the settle's
+-- answer was lost). No newer purchase can hold it: one could only have reserved after this
+-- purchase's marker was cleared, which is this script's job, once per event.
 local marker = redis.call('HGET', KEYS[2], ARGV[1])
 local ours = marker == 'o'
+  or (marker and string.sub(marker, 1, 2) == 'r:')
   or (marker and string.sub(marker, -(#ARGV[2] + 1)) == ':' .. ARGV[2])
 if ours then
   redis.call('HDEL', KEYS[2], ARGV[1])

@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::{Value, json};
 
+use seckill_messaging::OrderMessage;
 use seckill_testkit::{TestNamespace, eventually, identity_headers};
 
 use crate::helpers::{TestApp, spawn_app_with};
@@ -339,6 +340,31 @@ async fn compensations_done(app: &TestApp) {
     .await;
 }
 
+/// Parks `purchase` as out of retries, then an operator ignores it: its unit is returned
+/// (the compensation relayed).
+async fn parked_then_ignored(app: &TestApp, purchase: &OrderMessage) {
+    sqlx::query(
+        "INSERT INTO dead_letters (event_id, user_id, product_id, body, error_code, last_error, \
+                                   attempts) \
+         VALUES ($1, $2, $3, $4, 'retries_exhausted', 'lock timeout', 5)",
+    )
+    .bind(purchase.request_id.to_string())
+    .bind(purchase.user_id)
+    .bind(purchase.product_id)
+    .bind(serde_json::to_vec(purchase).expect("body"))
+    .execute(&app.db)
+    .await
+    .expect("park");
+    let ignored = report(
+        app,
+        "ignore",
+        json!({ "ids": [purchase.request_id.to_string()] }),
+    )
+    .await;
+    assert_eq!(ignored["compensated"], 1);
+    compensations_done(app).await;
+}
+
 /// (live orders, cancelled orders) of `product`.
 async fn orders_by_state(app: &TestApp, product: i64) -> (i64, i64) {
     sqlx::query_as(
@@ -441,27 +467,7 @@ async fn a_copy_arriving_after_its_dead_letter_was_ignored_does_not_resell_the_r
     let product = app.product(1).await;
     let purchase = app.message(product, 7);
     sold_in_redis(&app, product, &[(7, purchase.request_id.to_string())]).await;
-    sqlx::query(
-        "INSERT INTO dead_letters (event_id, user_id, product_id, body, error_code, last_error, \
-                                   attempts) \
-         VALUES ($1, $2, $3, $4, 'retries_exhausted', 'lock timeout', 5)",
-    )
-    .bind(purchase.request_id.to_string())
-    .bind(purchase.user_id)
-    .bind(product)
-    .bind(serde_json::to_vec(&purchase).expect("body"))
-    .execute(&app.db)
-    .await
-    .expect("park");
-
-    let ignored = report(
-        &app,
-        "ignore",
-        json!({ "ids": [purchase.request_id.to_string()] }),
-    )
-    .await;
-    assert_eq!(ignored["compensated"], 1);
-    compensations_done(&app).await;
+    parked_then_ignored(&app, &purchase).await;
     let view = redis_view(&app, product, 7).await;
     assert_eq!(view.0, 1, "the unit is back on sale");
     assert_eq!(view.2.as_deref(), Some("failed:retries_exhausted"));
@@ -484,5 +490,35 @@ async fn a_copy_arriving_after_its_dead_letter_was_ignored_does_not_resell_the_r
         "not overwritten"
     );
     assert_eq!(app.parked().await.len(), 1, "and not a new dead letter");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_given_up_purchase_whose_sweep_never_settled_releases_its_buyer() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        s.compensation_poll_ms = 50;
+    })
+    .await;
+    // User 8 bought the last unit through a sweep whose settle answer was lost: the home
+    // bucket still holds the sweep's reservation, not a marker naming the purchase.
+    let product = app.product(1).await;
+    let purchase = app.message(product, 8);
+    sold_in_redis(&app, product, &[(8, purchase.request_id.to_string())]).await;
+    let mut redis = app.ns.redis().await;
+    let _: () = redis::cmd("HSET")
+        .arg(app.ns.keys().buyers(product, 0))
+        .arg(8)
+        .arg(format!("r:{}", Utc::now().timestamp_millis() - 60_000))
+        .query_async(&mut redis)
+        .await
+        .expect("reservation");
+    parked_then_ignored(&app, &purchase).await;
+    let (remaining, marker, result, _) = redis_view(&app, product, 8).await;
+    assert_eq!(remaining, 1, "the unit is back on sale");
+    // Left in place, the reservation would later resolve (through the sweep's takers
+    // entry) into "holds a unit": 409 for good, over an order that never was.
+    assert_eq!(marker, None, "the buyer may buy again");
+    assert_eq!(result.as_deref(), Some("failed:retries_exhausted"));
+    app.stop_when_drained().await;
     app.shutdown().await;
 }
