@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
-use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::header::WWW_AUTHENTICATE;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
@@ -28,6 +28,9 @@ pub struct Caller {
     pub user_id: i64,
     /// The token's `roles`.
     pub roles: Vec<String>,
+    /// The roles as the identity header carries them ([`seckill_auth::join_roles`]),
+    /// joined once when the token verified rather than for every request.
+    pub roles_joined: String,
 }
 
 impl Caller {
@@ -99,10 +102,12 @@ impl Authenticator {
         }
     }
 
-    /// The caller named by the bearer token in `headers`; on failure, the reason for logs
-    /// and metrics.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Caller>, &'static str> {
-        let token = bearer_token(headers).ok_or("missing_token")?;
+    /// The caller named by the bearer token in `authorization` (the header's value); on
+    /// failure, the reason for logs and metrics.
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Caller>, &'static str> {
+        let token = authorization
+            .and_then(bearer_token)
+            .ok_or("missing_token")?;
         if self.capacity == 0 {
             return self.verify(token).map(|(caller, _)| caller);
         }
@@ -142,6 +147,7 @@ impl Authenticator {
         let (user_id, claims) = self.verifier.verify(token).map_err(|e| e.reason())?;
         let caller = Caller {
             user_id,
+            roles_joined: seckill_auth::join_roles(&claims.roles),
             roles: claims.roles,
         };
         Ok((Arc::new(caller), claims.exp))
@@ -153,17 +159,14 @@ impl Authenticator {
     }
 }
 
-/// The token of an `Authorization: Bearer …` header, if there is a non-empty one.
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
+/// The token of an `Authorization: Bearer …` value, if there is a non-empty one.
+fn bearer_token(value: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(value).ok()?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))?
+        .trim();
+    (!token.is_empty()).then_some(token)
 }
 
 /// The 401 for a refused token: one message whatever went wrong; `reason` goes to the log
@@ -224,20 +227,21 @@ mod tests {
         Authenticator::new(verifier, capacity)
     }
 
-    fn bearer(token: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        let value = HeaderValue::from_str(&format!("Bearer {token}")).expect("header");
-        headers.insert(AUTHORIZATION, value);
-        headers
+    fn bearer(token: &str) -> Option<Vec<u8>> {
+        Some(format!("Bearer {token}").into_bytes())
     }
 
     #[test]
     fn a_verified_token_is_remembered_and_names_the_same_caller() {
         let auth = authenticator(5, 100);
         let token = TokenMinter::new(SECRET).mint(7, &["admin"], 60);
-        let first = auth.authenticate(&bearer(&token)).expect("verifies");
+        let first = auth
+            .authenticate(bearer(&token).as_deref())
+            .expect("verifies");
         assert_eq!(auth.cached_here(), 1);
-        let second = auth.authenticate(&bearer(&token)).expect("remembered");
+        let second = auth
+            .authenticate(bearer(&token).as_deref())
+            .expect("remembered");
         assert!(
             Arc::ptr_eq(&first, &second),
             "the second answer came from the cache"
@@ -249,12 +253,12 @@ mod tests {
     fn a_remembered_token_is_refused_once_it_expires() {
         let auth = authenticator(0, 100);
         let token = TokenMinter::new(SECRET).mint(8, &[], 1);
-        assert!(auth.authenticate(&bearer(&token)).is_ok());
+        assert!(auth.authenticate(bearer(&token).as_deref()).is_ok());
         assert_eq!(auth.cached_here(), 1);
         // Polled: the token expires within two seconds of its minting.
         let deadline = Instant::now() + Duration::from_secs(5);
         let refusal = loop {
-            match auth.authenticate(&bearer(&token)) {
+            match auth.authenticate(bearer(&token).as_deref()) {
                 Err(reason) => break reason,
                 Ok(_) => assert!(Instant::now() < deadline, "never refused"),
             }
@@ -269,18 +273,17 @@ mod tests {
         let auth = authenticator(5, 2);
         let other = TokenMinter::new("another-secret-of-32-bytes-long!").mint(9, &[], 60);
         for bad in ["garbage", other.as_str()] {
-            assert!(auth.authenticate(&bearer(bad)).is_err());
+            assert!(auth.authenticate(bearer(bad).as_deref()).is_err());
         }
         assert_eq!(auth.cached_here(), 0);
-        assert_eq!(
-            auth.authenticate(&HeaderMap::new()).err(),
-            Some("missing_token")
-        );
+        assert_eq!(auth.authenticate(None).err(), Some("missing_token"));
         let minter = TokenMinter::new(SECRET);
         for user in 1..=5 {
             let token = minter.mint(user, &[], 60);
             assert_eq!(
-                auth.authenticate(&bearer(&token)).expect("ok").user_id,
+                auth.authenticate(bearer(&token).as_deref())
+                    .expect("ok")
+                    .user_id,
                 user
             );
             assert!(auth.cached_here() <= 2);
@@ -291,8 +294,8 @@ mod tests {
     fn with_no_capacity_nothing_is_remembered() {
         let auth = authenticator(5, 0);
         let token = TokenMinter::new(SECRET).mint(10, &[], 60);
-        assert!(auth.authenticate(&bearer(&token)).is_ok());
-        assert!(auth.authenticate(&bearer(&token)).is_ok());
+        assert!(auth.authenticate(bearer(&token).as_deref()).is_ok());
+        assert!(auth.authenticate(bearer(&token).as_deref()).is_ok());
         assert_eq!(auth.cached_here(), 0);
     }
 }

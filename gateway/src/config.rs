@@ -10,6 +10,7 @@ use seckill_config::{
 };
 
 use crate::client_ip::TrustedProxies;
+use crate::http1::MAX_HEADERS_CAP;
 use crate::ratelimit::RateLimitBackend;
 
 /// Everything the gateway reads at start.
@@ -63,8 +64,14 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Largest request line plus headers, bytes (431 beyond it).
     pub max_header_bytes: usize,
-    /// Most request headers accepted (431 beyond it).
+    /// Most request headers accepted (431 beyond it); at most 256.
     pub max_headers: usize,
+    /// From the first byte of a request head to its end, milliseconds; a client that takes
+    /// longer is disconnected.
+    pub client_header_timeout_ms: u64,
+    /// How long a client connection may stay idle between requests (or leave an answer
+    /// unread), milliseconds.
+    pub client_idle_timeout_ms: u64,
     /// Master switch of the per-user/per-IP rate limits.
     pub rate_limit_enabled: bool,
     /// `POST /api/seckill/{id}`: requests per second per user (per IP unauthenticated); 0: off.
@@ -121,6 +128,8 @@ impl Default for Settings {
             // refused), well under hyper's ~400 kB buffer.
             max_header_bytes: 32 * 1024,
             max_headers: 100,
+            client_header_timeout_ms: 30_000,
+            client_idle_timeout_ms: 60_000,
             rate_limit_enabled: true,
             // High enough that the load test (one purchase per user) and wrk's repeat
             // purchases are never throttled; they stop a single client's flood.
@@ -214,6 +223,14 @@ impl Validate for Settings {
         if self.max_header_bytes < 1024 || self.max_headers < 16 {
             return Err("max_header_bytes must be >= 1024 and max_headers >= 16".into());
         }
+        if self.max_headers > MAX_HEADERS_CAP {
+            return Err(format!("max_headers must be at most {MAX_HEADERS_CAP}"));
+        }
+        if self.client_header_timeout_ms == 0 || self.client_idle_timeout_ms == 0 {
+            return Err(
+                "client_header_timeout_ms and client_idle_timeout_ms must be positive".into(),
+            );
+        }
         self.trusted_proxy_list()?;
         // Buckets count time in microseconds: a faster rate would be a zero interval.
         if self.rate_purchase_per_sec > MAX_RATE_PER_SEC
@@ -268,11 +285,22 @@ mod tests {
             ..Settings::default()
         };
         assert!(bad_proxy.validate().is_err());
-        let tiny = Settings {
-            max_header_bytes: 100,
-            ..Settings::default()
-        };
-        assert!(tiny.validate().is_err());
+        for out_of_range in [
+            Settings {
+                max_header_bytes: 100,
+                ..Settings::default()
+            },
+            Settings {
+                max_headers: MAX_HEADERS_CAP + 1,
+                ..Settings::default()
+            },
+            Settings {
+                client_idle_timeout_ms: 0,
+                ..Settings::default()
+            },
+        ] {
+            assert!(out_of_range.validate().is_err());
+        }
     }
 
     #[test]

@@ -6,47 +6,46 @@
 //!    queue;
 //! 2. **request id** — the caller's if short and plain, a new UUID otherwise; forwarded and
 //!    echoed on the answer, and in the request's log span;
-//! 3. **deadline** — the rest must finish within `request_timeout_ms` (504), and a panic in
-//!    it becomes a JSON 500 instead of a dropped connection;
+//! 3. **deadline** — the rest must finish within `request_timeout_ms` (504; 408 when it was
+//!    the client's body that was late), and a panic in it becomes a JSON 500 instead of a
+//!    dropped connection;
 //! 4. **who** — the client address (through trusted proxies only) and the bearer token's
 //!    verdict, which refuses nothing yet;
 //! 5. **rate limit** — charged to the verified user, or to the client address when there is
 //!    none (garbage tokens included), against the purchase quota or the default one (429);
-//! 6. **route** — 404 for a path no service owns, 401 without a valid token, 403 for a
-//!    non-admin on an admin route;
-//! 7. **forward** to a replica ([`crate::proxy::forward`]).
+//! 6. **route** — 404 for a path no service owns (400 for one with dot segments, which a
+//!    backend could read differently), 401 without a valid token, 403 for a non-admin on an
+//!    admin route;
+//! 7. **forward** to a replica ([`crate::proxy::forward`]), the body read only now.
 //!
 //! Every answer, shed ones included, is counted in `http_requests_total` and timed in
 //! `http_request_duration_seconds` under the owning service's name (`unmatched` when none).
-//!
-//! The same steps were once a tower stack around an axum router (a dozen layers, each
-//! boxing, cloning or allocating on every request); as one function, the gateway spends
-//! about 28 % less CPU per proxied request (docs/benchmarks.md). The operator endpoints
-//! (`/healthz`, `/readyz`, `/metrics`) still go to the shared axum router, exempt from the
-//! in-flight bound and the rate limits: probes and scrapers must get through a flood.
+//! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) go to the shared axum router,
+//! exempt from the in-flight bound and the rate limits: probes and scrapers must get through
+//! a flood.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::http::StatusCode;
 use futures_util::FutureExt;
-use hyper::body::Incoming;
+use tokio::time::Sleep;
 use tower::ServiceExt;
 use tracing::Instrument;
 
 use seckill_http::error_response;
-use seckill_http::layers::{REQUEST_ID, is_usable_request_id, new_request_id};
+use seckill_http::layers::{is_usable_request_id, new_request_id};
 use seckill_http::request_metrics::{self, method_label};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
+use crate::http1::{Answer, BodyState, HeadError, Incoming, Kind};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, Verdict, is_purchase};
 
@@ -83,110 +82,198 @@ fn is_ops(path: &str) -> bool {
 }
 
 impl Door {
-    /// Answers one request that arrived from `peer`.
-    pub async fn answer(
-        self: Arc<Self>,
-        request: hyper::Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Result<Response, Infallible> {
-        if is_ops(request.uri().path()) {
-            let mut request = request.map(Body::new);
-            request
-                .extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
-            return self.ops.clone().oneshot(request).await;
+    /// Answers one request; `deadline` is the connection's request timer, set here.
+    pub async fn answer(&self, incoming: &mut Incoming<'_>, deadline: Pin<&mut Sleep>) -> Answer {
+        let head = incoming.head;
+        if is_ops(head.path()) {
+            return self.ops(incoming).await;
         }
         let started = Instant::now();
-        let method = method_label(request.method());
-        let route = proxy::route(request.uri().path());
+        let method = method_label(head.method());
+        let route = proxy::route(head.path());
         let label = route.map_or("unmatched", |r| r.service.name());
         let Some(slot) = self.in_flight.enter() else {
             metrics::counter!("gateway_shed_total").increment(1);
-            let response = proxy::unavailable("overloaded, retry shortly");
-            record(label, method, response.status(), started);
-            return Ok(response);
+            let answer =
+                Answer::from_response(proxy::unavailable("overloaded, retry shortly")).await;
+            record(label, method, answer.status, started);
+            return answer;
         };
-        let (request, request_id) = with_request_id(request);
+        let generated;
+        let request_id = match head.value(Kind::RequestId) {
+            Some(id) if is_usable_request_id(id) => id,
+            _ => {
+                generated = new_request_id();
+                generated.as_bytes()
+            }
+        };
         let span = tracing::info_span!(
             "http",
-            method = %request.method(),
-            path = %request.uri().path(),
-            request_id = request_id.to_str().unwrap_or("-"),
+            method = %head.method(),
+            path = %head.path(),
+            request_id = std::str::from_utf8(request_id).unwrap_or("-"),
             user_id = tracing::field::Empty,
             trace_id = tracing::field::Empty,
         );
-        let admitted = AssertUnwindSafe(self.admit(request, route, peer)).catch_unwind();
-        let mut response = match tokio::time::timeout(self.request_timeout, admitted)
-            .instrument(span)
-            .await
-        {
-            Ok(Ok(response)) => response,
-            Ok(Err(_panic)) => {
+        let mut deadline = deadline;
+        deadline
+            .as_mut()
+            .reset((started + self.request_timeout).into());
+        let admitted = AssertUnwindSafe(self.admit(incoming, route, request_id))
+            .catch_unwind()
+            .instrument(span);
+        let outcome = tokio::select! {
+            biased;
+            outcome = admitted => Some(outcome),
+            () = deadline => None,
+        };
+        let mut answer = match outcome {
+            Some(Ok(answer)) => answer,
+            Some(Err(_panic)) => {
                 tracing::error!("request handler panicked");
-                error_response(
+                local(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
                     "internal error",
                 )
+                .await
             }
-            Err(_elapsed) => {
+            None if incoming.body_state() == BodyState::Reading => {
+                local(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    "the request body came too slowly",
+                )
+                .await
+            }
+            None => {
                 metrics::counter!("gateway_timeouts_total").increment(1);
-                error_response(
+                local(
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
                     "the request took too long",
                 )
+                .await
             }
         };
         drop(slot);
-        response.headers_mut().insert(REQUEST_ID, request_id);
-        record(label, method, response.status(), started);
-        Ok(response)
+        answer.push_header(b"x-request-id", request_id);
+        record(label, method, answer.status, started);
+        answer
     }
 
     /// Steps 4 to 7: who, rate limit, route, forward.
     async fn admit(
         &self,
-        request: hyper::Request<Incoming>,
+        incoming: &mut Incoming<'_>,
         route: Option<Route>,
-        peer: SocketAddr,
-    ) -> Response {
-        let client = self.trusted_proxies.client_ip(peer.ip(), request.headers());
-        let caller = self.auth.authenticate(request.headers());
+        request_id: &[u8],
+    ) -> Answer {
+        let head = incoming.head;
+        let client = self
+            .trusted_proxies
+            .client_ip(incoming.peer.ip(), head.values(Kind::ForwardedFor));
+        let caller = self.auth.authenticate(head.value(Kind::Authorization));
         let key = match &caller {
             Ok(caller) => RateKey::User(caller.user_id),
             Err(_) => RateKey::Client(client),
         };
-        let purchase = is_purchase(request.method(), request.uri().path());
+        let purchase = is_purchase(head.method(), head.path());
         let verdict = self.rate_limits.check(purchase, key).await;
         if let Verdict::Limited(refusal) = verdict {
-            return refusal;
+            return Answer::from_response(refusal).await;
         }
-        let mut response = self.route(request, route, caller, peer).await;
-        verdict.annotate(&mut response);
-        response
+        let mut answer = self.route(incoming, route, caller, request_id).await;
+        verdict.annotate(&mut answer);
+        answer
     }
 
     async fn route(
         &self,
-        request: hyper::Request<Incoming>,
+        incoming: &mut Incoming<'_>,
         route: Option<Route>,
         caller: Result<Arc<Caller>, &'static str>,
-        peer: SocketAddr,
-    ) -> Response {
+        request_id: &[u8],
+    ) -> Answer {
+        if proxy::has_dot_segment(incoming.head.path()) {
+            return local(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "paths with . or .. segments are refused",
+            )
+            .await;
+        }
         let Some(route) = route else {
-            return error_response(StatusCode::NOT_FOUND, "not_found", "no such route");
+            return local(StatusCode::NOT_FOUND, "not_found", "no such route").await;
         };
         let caller = match caller {
             Ok(caller) => caller,
-            Err(reason) => return auth::unauthorized(reason),
+            Err(reason) => return Answer::from_response(auth::unauthorized(reason)).await,
         };
         tracing::Span::current().record("user_id", caller.user_id);
         if route.admin_only && !caller.is_admin() {
-            return auth::forbidden();
+            return Answer::from_response(auth::forbidden()).await;
         }
-        proxy::forward(&self.proxy, route.service, &caller, peer, request).await
+        proxy::forward(&self.proxy, route.service, &caller, incoming, request_id).await
     }
+
+    /// An operator endpoint, through the ops router.
+    async fn ops(&self, incoming: &mut Incoming<'_>) -> Answer {
+        let head = incoming.head;
+        let mut request = axum::http::Request::builder()
+            .method(head.method().clone())
+            .uri(head.target());
+        for (name, value, _) in head.fields() {
+            request = request.header(name, value);
+        }
+        let body = match incoming.body().await {
+            Ok(body) => body,
+            Err(_) => {
+                return local(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "unreadable body",
+                )
+                .await;
+            }
+        };
+        let request = request
+            .extension(axum::extract::ConnectInfo(incoming.peer))
+            .body(Body::from(body));
+        match request {
+            Ok(request) => match self.ops.clone().oneshot(request).await {
+                Ok(response) => Answer::from_response(response).await,
+                Err(never) => match never {},
+            },
+            Err(_) => {
+                local(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "malformed request",
+                )
+                .await
+            }
+        }
+    }
+
+    /// The answer to a head refused before it reached the door (the connection closes).
+    pub async fn refuse_head(&self, refused: HeadError, peer: SocketAddr) -> Answer {
+        let code = match refused.status {
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "headers_too_large",
+            StatusCode::NOT_IMPLEMENTED => "not_implemented",
+            StatusCode::EXPECTATION_FAILED => "expectation_failed",
+            _ => "invalid_request",
+        };
+        tracing::debug!(%peer, status = %refused.status, reason = refused.message, "request head refused");
+        let answer = local(refused.status, code, refused.message).await;
+        record("unmatched", "other", answer.status, Instant::now());
+        answer
+    }
+}
+
+/// The gateway's own JSON error answer.
+async fn local(status: StatusCode, code: &str, message: &'static str) -> Answer {
+    Answer::from_response(error_response(status, code, message)).await
 }
 
 /// The in-flight bound: a counter shared by every worker thread.
@@ -221,23 +308,6 @@ impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// Keeps the caller's request id if it is short and plain, else sets a new one; returns
-/// the id for the answer.
-fn with_request_id(
-    mut request: hyper::Request<Incoming>,
-) -> (hyper::Request<Incoming>, HeaderValue) {
-    let headers = request.headers_mut();
-    let id = match headers.get(&REQUEST_ID) {
-        Some(id) if is_usable_request_id(id.as_bytes()) => id.clone(),
-        _ => {
-            let id = new_request_id();
-            headers.insert(REQUEST_ID, id.clone());
-            id
-        }
-    };
-    (request, id)
 }
 
 /// Counts and times one answer.

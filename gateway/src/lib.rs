@@ -10,8 +10,9 @@
 //!
 //! Layout:
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`;
-//!   [`serve`] — the accept loop with request-head limits; [`door`] — the request path,
-//!   in order.
+//!   [`serve`] — the accept loop and the worker threads; [`http1`] — the client side's
+//!   HTTP/1.1 (heads, framing, keep-alive); [`door`] — the request path, in order.
+//! - [`wire`] — a connection's read buffer and the body readers both sides share.
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
@@ -21,10 +22,12 @@ pub mod auth;
 pub mod client_ip;
 pub mod config;
 pub mod door;
+pub mod http1;
 pub mod proxy;
 pub mod ratelimit;
 pub mod serve;
 pub mod startup;
+pub mod wire;
 
 pub use config::Settings;
 pub use startup::Application;

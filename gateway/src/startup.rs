@@ -13,9 +13,10 @@ use seckill_http::ops::{self, Probe};
 use crate::Settings;
 use crate::auth::{self, Authenticator};
 use crate::door::{Door, InFlight};
-use crate::proxy::{PoolSettings, ProxyState, Upstreams};
+use crate::http1::{ConnLimits, HeadLimits};
+use crate::proxy::{Outgoing, PoolSettings, ProxyState, Upstreams};
 use crate::ratelimit::RateLimits;
-use crate::serve::{self, HeadLimits};
+use crate::serve;
 
 /// A built, not yet running, gateway.
 #[derive(Debug)]
@@ -24,7 +25,7 @@ pub struct Application {
     port: u16,
     door: Arc<Door>,
     cancel: CancellationToken,
-    limits: HeadLimits,
+    limits: ConnLimits,
     workers: std::num::NonZeroUsize,
 }
 
@@ -53,7 +54,6 @@ impl Application {
                 pool,
             )),
             upstream_timeout: Duration::from_millis(settings.upstream_request_timeout_ms),
-            max_body_bytes: settings.max_body_bytes,
             trusted_proxies: trusted_proxies.clone(),
         };
         let probes = readiness_probes(&state);
@@ -81,9 +81,14 @@ impl Application {
             port,
             door,
             cancel,
-            limits: HeadLimits {
-                max_header_bytes: settings.max_header_bytes,
-                max_headers: settings.max_headers,
+            limits: ConnLimits {
+                head: HeadLimits {
+                    max_header_bytes: settings.max_header_bytes,
+                    max_headers: settings.max_headers,
+                },
+                header_timeout: Duration::from_millis(settings.client_header_timeout_ms),
+                idle_timeout: Duration::from_millis(settings.client_idle_timeout_ms),
+                max_body_bytes: settings.max_body_bytes,
             },
             workers: settings.worker_threads(),
         })
@@ -122,19 +127,16 @@ fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
         Arc::new(move || {
             let upstreams = upstreams.clone();
             Box::pin(async move {
-                let request = axum::http::Request::get("/healthz")
-                    .body(axum::body::Bytes::new())
-                    .map_err(|e| e.to_string())?;
-                let response = upstreams
-                    .first()
-                    .pool()
-                    .exchange(request)
+                let pool = upstreams.first().pool();
+                let request = format!("GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", pool.host());
+                let answer = pool
+                    .exchange(Outgoing::new(request.as_bytes()))
                     .await
                     .map_err(|e| e.to_string())?;
-                if response.status().is_success() {
+                if answer.status.is_success() {
                     Ok(())
                 } else {
-                    Err(format!("answered {}", response.status()))
+                    Err(format!("answered {}", answer.status))
                 }
             })
         })

@@ -95,37 +95,52 @@ impl IdentitySigner {
 
     /// Replaces any identity headers in `headers` with freshly signed ones.
     pub fn sign_into(&self, headers: &mut HeaderMap, user_id: i64, roles: &[String]) {
-        // Roles travel comma-separated: a role containing a comma (or anything but plain
-        // characters) would be read back as other roles, so it is dropped, not forwarded.
-        let mut joined = String::new();
-        for role in roles
-            .iter()
-            .filter(|r| seckill_http::is_plain_token(r.as_bytes()))
-        {
-            if !joined.is_empty() {
-                joined.push(',');
-            }
-            joined.push_str(role);
-        }
-        let user_id = user_id.to_string();
-        let ts = chrono::Utc::now().timestamp_millis().to_string();
-        let sig = hex(&self.mac(&user_id, &joined, &ts).finalize().into_bytes());
+        let signed = self.sign(user_id, &join_roles(roles));
         // `insert` replaces every value a client sent under the name; each of the four is
         // set, so none of the client's survives.
-        let mut set = |name: HeaderName, value: String| match HeaderValue::try_from(value) {
-            Ok(value) => {
-                headers.insert(name, value);
+        for (name, value) in [USER_ID, USER_ROLES, IDENTITY_TS, IDENTITY_SIG]
+            .into_iter()
+            .zip(signed.values())
+        {
+            match HeaderValue::from_bytes(value) {
+                Ok(value) => {
+                    headers.insert(name, value);
+                }
+                // Digits, hex and plain role names are always valid; were one not, the
+                // client's must still go.
+                Err(_) => {
+                    headers.remove(name);
+                }
             }
-            // Digits, hex and plain role names are always valid; were one not, the client's
-            // must still go.
-            Err(_) => {
-                headers.remove(name);
-            }
-        };
-        set(USER_ID, user_id);
-        set(USER_ROLES, joined);
-        set(IDENTITY_TS, ts);
-        set(IDENTITY_SIG, sig);
+        }
+    }
+
+    /// Appends the four identity header lines (`name: value\r\n`) to `out`; `roles` joined
+    /// by [`join_roles`]. The caller must not forward any client-sent identity header.
+    pub fn write_lines(&self, out: &mut Vec<u8>, user_id: i64, roles: &str) {
+        let signed = self.sign(user_id, roles);
+        for (name, value) in IDENTITY_HEADERS.iter().zip(signed.values()) {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// The four values for `user_id` and `roles` (already joined), signed now.
+    fn sign(&self, user_id: i64, roles: &str) -> Signed {
+        let mut user = itoa::Buffer::new();
+        let user = user.format(user_id);
+        let mut ts = itoa::Buffer::new();
+        let ts = ts.format(chrono::Utc::now().timestamp_millis());
+        let mut sig = [0u8; 64];
+        seckill_http::write_hex(&self.mac(user, roles, ts).finalize().into_bytes(), &mut sig);
+        Signed {
+            user_id: user.to_owned(),
+            roles: roles.to_owned(),
+            ts: ts.to_owned(),
+            sig,
+        }
     }
 
     /// Reads and checks the identity headers.
@@ -204,10 +219,33 @@ where
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut text = vec![0; bytes.len() * 2];
-    seckill_http::write_hex(bytes, &mut text);
-    String::from_utf8(text).expect("hex digits are ASCII")
+/// Roles as they travel in `x-user-roles`: comma-separated. A role containing a comma (or
+/// anything but plain characters) would be read back as other roles, so it is dropped, not
+/// forwarded.
+pub fn join_roles(roles: &[String]) -> String {
+    let plain = roles
+        .iter()
+        .filter(|r| seckill_http::is_plain_token(r.as_bytes()));
+    plain.map(String::as_str).collect::<Vec<_>>().join(",")
+}
+
+/// One signature's four header values, in the order of [`IDENTITY_HEADERS`].
+struct Signed {
+    user_id: String,
+    roles: String,
+    ts: String,
+    sig: [u8; 64],
+}
+
+impl Signed {
+    fn values(&self) -> [&[u8]; 4] {
+        [
+            self.user_id.as_bytes(),
+            self.roles.as_bytes(),
+            self.ts.as_bytes(),
+            &self.sig,
+        ]
+    }
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -223,6 +261,33 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        let mut text = vec![0; bytes.len() * 2];
+        seckill_http::write_hex(bytes, &mut text);
+        String::from_utf8(text).expect("hex digits are ASCII")
+    }
+
+    #[test]
+    fn written_lines_carry_the_same_signed_identity() {
+        let signer = IdentitySigner::new("k", 30_000);
+        let mut out = b"x-other: 1\r\n".to_vec();
+        let roles = ["admin".to_string(), "x,y".to_string(), "buyer".to_string()];
+        signer.write_lines(&mut out, -3, &join_roles(&roles));
+        let text = String::from_utf8(out).expect("text");
+        let mut headers = HeaderMap::new();
+        for line in text.split_terminator("\r\n") {
+            let (name, value) = line.split_once(": ").expect("name: value");
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_str(value).expect("value"),
+            );
+        }
+        assert_eq!(headers.len(), 5, "{text}");
+        assert_eq!(headers[USER_ROLES], "admin,buyer");
+        let identity = signer.verify(&headers).expect("valid");
+        assert_eq!((identity.user_id, identity.is_admin()), (-3, true));
+    }
 
     fn signed(signer: &IdentitySigner, user: i64, roles: &[&str]) -> HeaderMap {
         let mut headers = HeaderMap::new();

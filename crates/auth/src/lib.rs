@@ -14,5 +14,5 @@
 pub mod identity;
 pub mod jwt;
 
-pub use identity::{AdminIdentity, Identity, IdentitySigner};
+pub use identity::{AdminIdentity, Identity, IdentitySigner, join_roles};
 pub use jwt::{ClaimRules, Claims, JwtAlgorithm, JwtVerifier, TokenError, TokenMinter, mint_token};

@@ -1,51 +1,184 @@
-//! What the gateway changes in the headers it forwards: hop-by-hop headers out, client
-//! address and scheme recorded, a W3C `traceparent` guaranteed.
+//! What the gateway changes in the messages it forwards.
+//!
+//! A request goes to a replica as bytes written straight from the client's head: its
+//! request line, the replica's `Host`, every end-to-end header as it came, then the
+//! gateway's own — `X-Forwarded-For` (the client's list plus the peer), `X-Forwarded-Proto`
+//! (`https` only when a trusted proxy says so), `X-Request-Id`, a W3C `traceparent` (the
+//! client's if well formed, else a new trace, its `tracestate` dropped) and the signed
+//! identity — and the body framed by its `Content-Length`. Never forwarded: hop-by-hop
+//! headers and those `Connection` names, the client's `Authorization` (backends trust only
+//! the signed identity), any identity header the client sent, `Expect` (answered here), and
+//! the client's framing.
+//!
+//! An answer comes back with its end-to-end headers only ([`HopByHop`]).
 
 use std::net::SocketAddr;
 
-use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::Method;
 
+use seckill_auth::IdentitySigner;
+
+use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
+use crate::http1::{Kind, RequestHead, list_items};
 
-/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1), with the
-/// obsolete `Proxy-Connection`. Bodies are read whole before they are forwarded, so each
-/// hop frames its own (`Content-Length`). `Connection` comes first: it also names others.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    HeaderName::from_static("connection"),
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-authenticate"),
-    HeaderName::from_static("proxy-authorization"),
-    HeaderName::from_static("te"),
-    HeaderName::from_static("trailer"),
-    HeaderName::from_static("transfer-encoding"),
-    HeaderName::from_static("upgrade"),
-    HeaderName::from_static("proxy-connection"),
-];
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-/// The W3C trace context header.
-pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+/// A request on its way to a replica: everything its bytes are written from.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward<'a> {
+    /// The client's head.
+    pub head: &'a RequestHead,
+    /// The body, read whole.
+    pub body: &'a [u8],
+    /// The socket peer.
+    pub peer: SocketAddr,
+    /// Whose `X-Forwarded-Proto` is believed.
+    pub trusted: &'a TrustedProxies,
+    /// The request id, kept or made at the door.
+    pub request_id: &'a [u8],
+    /// The trace context travelling on.
+    pub trace: &'a TraceContext<'a>,
+    /// The verified caller, signed for the backend.
+    pub caller: &'a Caller,
+    /// Signs the identity.
+    pub signer: &'a IdentitySigner,
+}
 
-/// Removes the headers that describe one hop only: the fixed list and every header the
-/// `Connection` header names (RFC 9110 §7.6.1).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests carry none: one pass over the names instead of a removal per name.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
-        return;
-    }
-    let values = headers.get_all(&HOP_BY_HOP[0]).into_iter();
-    let named: Vec<HeaderName> = list_items(values.map(HeaderValue::as_bytes))
-        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(&HOP_BY_HOP) {
-        headers.remove(name);
+impl Forward<'_> {
+    /// The request as written to the replica whose authority is `host`.
+    pub fn encode(&self, host: &[u8]) -> Vec<u8> {
+        let head = self.head;
+        let mut out = Vec::with_capacity(512 + self.body.len());
+        out.extend_from_slice(head.method().as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(head.target().as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        line(&mut out, b"host", &[host]);
+        for (name, value) in head.end_to_end() {
+            line(&mut out, name, &[value]);
+        }
+        let ip = self.peer.ip().to_canonical().to_string();
+        let mut forwarded_for: Vec<&[u8]> = Vec::new();
+        for previous in head.values(Kind::ForwardedFor) {
+            forwarded_for.extend([previous, b", "]);
+        }
+        forwarded_for.push(ip.as_bytes());
+        line(&mut out, b"x-forwarded-for", &forwarded_for);
+        // The gateway listens on plain HTTP; only a trusted proxy in front (which ended TLS)
+        // can say the client used https.
+        let proto = head
+            .value(Kind::ForwardedProto)
+            .filter(|_| self.trusted.trusts(self.peer.ip().to_canonical()))
+            .filter(|v| *v == b"https" || *v == b"http")
+            .unwrap_or(b"http");
+        line(&mut out, b"x-forwarded-proto", &[proto]);
+        line(&mut out, b"x-request-id", &[self.request_id]);
+        self.trace.write(&mut out, head);
+        self.signer
+            .write_lines(&mut out, self.caller.user_id, &self.caller.roles_joined);
+        let carries_body = !self.body.is_empty()
+            || matches!(*head.method(), Method::POST | Method::PUT | Method::PATCH);
+        if carries_body {
+            let mut length = itoa::Buffer::new();
+            line(
+                &mut out,
+                b"content-length",
+                &[length.format(self.body.len()).as_bytes()],
+            );
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(self.body);
+        out
     }
 }
 
-/// Which of a message's raw headers describe one hop only: those on the fixed list, and
-/// those its `Connection` headers name.
+/// Appends `name: <parts…>\r\n`.
+fn line(out: &mut Vec<u8>, name: &[u8], parts: &[&[u8]]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The W3C trace context a forwarded request carries: the client's `traceparent` when it is
+/// well formed (the gateway records no spans of its own, so the client's span stays the
+/// parent), otherwise a new sampled trace.
+#[derive(Debug, Clone, Copy)]
+pub enum TraceContext<'a> {
+    /// The client's, forwarded with its `tracestate`.
+    Kept(&'a [u8]),
+    /// A new one; a `tracestate` belonged to the discarded trace and is dropped.
+    New([u8; 55]),
+}
+
+impl<'a> TraceContext<'a> {
+    /// The context of a request with `head`.
+    pub fn of(head: &'a RequestHead) -> Self {
+        match head.value(Kind::Traceparent) {
+            Some(value) if trace_id_of(value).is_some() => Self::Kept(value),
+            _ => Self::New(new_traceparent()),
+        }
+    }
+
+    /// The `traceparent` value.
+    pub fn value(&self) -> &[u8] {
+        match self {
+            Self::Kept(value) => value,
+            Self::New(value) => value,
+        }
+    }
+
+    /// The trace id, for the logs.
+    pub fn trace_id(&self) -> &str {
+        // Both variants passed `trace_id_of`'s check or were written as lower-case hex.
+        std::str::from_utf8(&self.value()[3..35]).unwrap_or("-")
+    }
+
+    fn write(&self, out: &mut Vec<u8>, head: &RequestHead) {
+        line(out, b"traceparent", &[self.value()]);
+        if let Self::Kept(_) = self {
+            for state in head.values(Kind::Tracestate) {
+                line(out, b"tracestate", &[state]);
+            }
+        }
+    }
+}
+
+/// A new version-00 `traceparent`, sampled.
+fn new_traceparent() -> [u8; 55] {
+    let mut value = *b"00-00000000000000000000000000000000-0000000000000000-01";
+    // Zero ids are invalid (W3C trace context §3.2.2.3-4); `| 1` rules them out.
+    let (mut trace_id, mut parent_id) = (rand::random::<[u8; 16]>(), rand::random::<[u8; 8]>());
+    trace_id[15] |= 1;
+    parent_id[7] |= 1;
+    seckill_http::write_hex(&trace_id, &mut value[3..35]);
+    seckill_http::write_hex(&parent_id, &mut value[36..52]);
+    value
+}
+
+/// The trace id of a version-00 `traceparent`, if it is well formed.
+fn trace_id_of(value: &[u8]) -> Option<&[u8]> {
+    let lower_hex = |s: &[u8], len: usize| {
+        s.len() == len
+            && s.iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    };
+    let mut parts = value.split(|&b| b == b'-');
+    let (version, trace_id, parent_id, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let ok = parts.next().is_none()
+        && version == b"00"
+        && lower_hex(trace_id, 32)
+        && lower_hex(parent_id, 16)
+        && lower_hex(flags, 2)
+        && trace_id.iter().any(|&b| b != b'0')
+        && parent_id.iter().any(|&b| b != b'0');
+    ok.then_some(trace_id)
+}
+
+/// Which of an answer's headers describe one hop only: those on the fixed list, and those
+/// its `Connection` headers name.
 pub struct HopByHop<'a> {
     headers: &'a [httparse::Header<'a>],
     /// A `Connection` header names something beyond the fixed list.
@@ -64,156 +197,137 @@ impl<'a> HopByHop<'a> {
 
     /// Whether the header `name` is one of them.
     pub fn contains(&self, name: &str) -> bool {
-        is_listed(name)
+        is_listed(name.as_bytes())
             || (self.names_others
-                && connection_names(self.headers).any(|named| named.eq_ignore_ascii_case(name)))
+                && connection_names(self.headers)
+                    .any(|named| named.eq_ignore_ascii_case(name.as_bytes())))
     }
 }
 
-/// Whether `name` is on the fixed hop-by-hop list.
-fn is_listed(name: &str) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|hop| name.eq_ignore_ascii_case(hop.as_str()))
+/// Whether `name` is on the fixed hop-by-hop list (RFC 9110 §7.6.1, with the obsolete
+/// `Proxy-Connection`).
+fn is_listed(name: &[u8]) -> bool {
+    matches!(
+        Kind::of(name),
+        Kind::Connection | Kind::HopByHop | Kind::TransferEncoding
+    )
 }
 
 /// The names the `Connection` headers among `headers` list.
-fn connection_names<'h>(headers: &'h [httparse::Header<'_>]) -> impl Iterator<Item = &'h str> {
+fn connection_names<'h>(headers: &'h [httparse::Header<'_>]) -> impl Iterator<Item = &'h [u8]> {
     let values = headers
         .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case(HOP_BY_HOP[0].as_str()))
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
         .map(|h| h.value);
     list_items(values)
 }
 
-/// The items of comma-separated header values (RFC 9110 §5.6.1), trimmed; a value that is
-/// not text lists nothing.
-pub fn list_items<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iterator<Item = &'a str> {
-    values
-        .filter_map(|v| std::str::from_utf8(v).ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-}
-
-/// Drops hop-by-hop headers and the client's token (backends trust only the signed
-/// identity), records the client address and scheme, and makes sure a trace context travels
-/// on. Returns the trace id, for the logs. (`Host` and the body's framing are the pool's to
-/// write: it skips the client's.)
-pub fn prepare(headers: &mut HeaderMap, peer: SocketAddr, trusted: &TrustedProxies) -> TraceId {
-    strip_hop_by_hop(headers);
-    headers.remove(AUTHORIZATION);
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {}", peer.ip()),
-        None => peer.ip().to_string(),
-    };
-    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
-        headers.insert(X_FORWARDED_FOR, value);
-    }
-    // The gateway listens on plain HTTP; only a trusted proxy in front (which ended TLS) can
-    // say the client used https.
-    let proto = headers
-        .get(&X_FORWARDED_PROTO)
-        .filter(|_| trusted.trusts(peer.ip().to_canonical()))
-        .filter(|v| *v == "https" || *v == "http")
-        .cloned()
-        .unwrap_or(HeaderValue::from_static("http"));
-    headers.insert(X_FORWARDED_PROTO, proto);
-    ensure_traceparent(headers)
-}
-
-/// A W3C trace id: 32 lower-case hex digits, kept by value (no allocation per request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TraceId([u8; 32]);
-
-impl TraceId {
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
-    }
-}
-
-/// The trace id of a well-formed `traceparent` in `headers`.
-fn trace_id(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(&TRACEPARENT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(trace_id_of)
-}
-
-/// Keeps a caller's well-formed `traceparent` (the gateway records no spans of its own, so
-/// the caller's span stays the parent); otherwise starts a trace, sampled, and drops any
-/// `tracestate` that belonged to the discarded one. Returns the trace id.
-fn ensure_traceparent(headers: &mut HeaderMap) -> TraceId {
-    if let Some(kept) = trace_id(headers) {
-        return TraceId(
-            kept.as_bytes()
-                .try_into()
-                .expect("trace_id_of checked 32 digits"),
-        );
-    }
-    headers.remove(&TRACESTATE);
-    let mut value = *b"00-00000000000000000000000000000000-0000000000000000-01";
-    // Zero ids are invalid (W3C trace context §3.2.2.3-4); `| 1` rules them out.
-    let (mut trace_id, mut parent_id) = (rand::random::<[u8; 16]>(), rand::random::<[u8; 8]>());
-    trace_id[15] |= 1;
-    parent_id[7] |= 1;
-    seckill_http::write_hex(&trace_id, &mut value[3..35]);
-    seckill_http::write_hex(&parent_id, &mut value[36..52]);
-    headers.insert(
-        TRACEPARENT,
-        HeaderValue::from_bytes(&value).expect("hex and dashes"),
-    );
-    TraceId(value[3..35].try_into().expect("32 digits"))
-}
-
-/// The trace id of a version-00 `traceparent`, if it is well formed.
-fn trace_id_of(value: &str) -> Option<&str> {
-    let lower_hex = |s: &str, len: usize| {
-        s.len() == len
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let mut parts = value.split('-');
-    let (version, trace_id, parent_id, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let ok = parts.next().is_none()
-        && version == "00"
-        && lower_hex(trace_id, 32)
-        && lower_hex(parent_id, 16)
-        && lower_hex(flags, 2)
-        && trace_id.bytes().any(|b| b != b'0')
-        && parent_id.bytes().any(|b| b != b'0');
-    ok.then_some(trace_id)
-}
-
 #[cfg(test)]
 mod tests {
+    use bytes::BytesMut;
+
     use super::*;
+    use crate::http1::HeadLimits;
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-    fn peer(text: &str) -> SocketAddr {
-        text.parse().expect("socket addr")
+    fn head(text: &str) -> RequestHead {
+        let limits = HeadLimits {
+            max_header_bytes: 4096,
+            max_headers: 32,
+        };
+        RequestHead::parse(&mut BytesMut::from(text), limits)
+            .expect("valid")
+            .expect("complete")
+    }
+
+    fn caller() -> Caller {
+        Caller {
+            user_id: 42,
+            roles: vec!["admin".into()],
+            roles_joined: "admin".into(),
+        }
+    }
+
+    /// The forwarded request of `text` from `peer`, as text, with a new trace unless the
+    /// client sent a valid one.
+    fn forwarded(text: &str, peer: &str, trusted: &str, body: &[u8]) -> String {
+        let head = head(text);
+        let trace = TraceContext::of(&head);
+        let forward = Forward {
+            head: &head,
+            body,
+            peer: peer.parse().expect("peer"),
+            trusted: &TrustedProxies::parse(trusted).expect("trusted"),
+            request_id: b"rid-1",
+            trace: &trace,
+            caller: &caller(),
+            signer: &IdentitySigner::new("k", 30_000),
+        };
+        String::from_utf8(forward.encode(b"replica:8081")).expect("text")
+    }
+
+    /// The header lines of a forwarded request, without the identity's time and signature.
+    fn lines(request: &str) -> Vec<&str> {
+        let head = request.split("\r\n\r\n").next().expect("head");
+        head.split("\r\n")
+            .filter(|l| !l.starts_with("x-identity-"))
+            .collect()
     }
 
     #[test]
-    fn a_valid_traceparent_is_kept_and_a_missing_one_is_created() {
-        let mut headers = HeaderMap::new();
-        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
-        let kept = ensure_traceparent(&mut headers);
-        assert_eq!(headers[&TRACEPARENT], VALID);
-        assert_eq!(kept.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    fn a_request_is_written_with_the_gateways_headers_and_its_own_framing() {
+        let request = forwarded(
+            "POST /api/seckill/7?x=1 HTTP/1.1\r\nHost: client.example\r\nX-Custom: a\r\n\
+             Authorization: Bearer secret\r\nX-User-Id: 1\r\nx-identity-sig: forged\r\n\
+             Content-Length: 2\r\nExpect: 100-continue\r\nConnection: keep-alive\r\n\
+             X-Request-Id: from-client\r\nTraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\
+             Tracestate: v=1\r\n\r\n",
+            "203.0.113.5:5000",
+            "",
+            b"{}",
+        );
+        assert_eq!(
+            lines(&request),
+            [
+                "POST /api/seckill/7?x=1 HTTP/1.1",
+                "host: replica:8081",
+                "X-Custom: a",
+                "x-forwarded-for: 203.0.113.5",
+                "x-forwarded-proto: http",
+                "x-request-id: rid-1",
+                &format!("traceparent: {VALID}"),
+                "tracestate: v=1",
+                "x-user-id: 42",
+                "x-user-roles: admin",
+                "content-length: 2",
+            ]
+        );
+        assert!(request.ends_with("\r\n\r\n{}"));
+        assert_eq!(
+            request.matches("x-identity-sig").count(),
+            1,
+            "the gateway's only"
+        );
+    }
 
-        let mut created = std::collections::HashSet::new();
-        for _ in 0..100 {
-            let mut headers = HeaderMap::new();
-            let made = ensure_traceparent(&mut headers);
-            let value = headers[&TRACEPARENT].to_str().expect("ascii").to_string();
-            assert_eq!(trace_id_of(&value), Some(made.as_str()), "{value}");
-            assert!(value.starts_with("00-") && value.ends_with("-01"));
-            created.insert(value);
-        }
-        assert_eq!(created.len(), 100, "every new trace has ids of its own");
+    #[test]
+    fn forwarded_headers_record_the_peer_and_only_a_trusted_scheme() {
+        let text = "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 1.2.3.4\r\n\
+                    X-Forwarded-For: 5.6.7.8\r\nX-Forwarded-Proto: https\r\n\r\n";
+        let trusted = forwarded(text, "10.0.0.1:5000", "10.0.0.1", b"");
+        assert!(trusted.contains("\r\nx-forwarded-for: 1.2.3.4, 5.6.7.8, 10.0.0.1\r\n"));
+        assert!(trusted.contains("\r\nx-forwarded-proto: https\r\n"));
+        assert!(!trusted.contains("content-length"), "a GET without a body");
+        let untrusted = forwarded(text, "203.0.113.5:5000", "10.0.0.1", b"");
+        assert!(untrusted.contains("\r\nx-forwarded-proto: http\r\n"));
+        let mapped = forwarded(
+            "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "[::ffff:10.0.0.9]:1",
+            "",
+            b"",
+        );
+        assert!(mapped.contains("\r\nx-forwarded-for: 10.0.0.9\r\n"));
     }
 
     #[test]
@@ -226,45 +340,42 @@ mod tests {
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
         ] {
-            let mut headers = HeaderMap::new();
-            headers.insert(TRACEPARENT, HeaderValue::from_static(bad));
-            headers.insert(TRACESTATE, HeaderValue::from_static("vendor=1"));
-            ensure_traceparent(&mut headers);
-            let now = headers[&TRACEPARENT].to_str().expect("ascii");
-            assert_ne!(now, bad);
-            assert!(trace_id_of(now).is_some(), "{bad} -> {now}");
-            assert!(!headers.contains_key(&TRACESTATE));
+            let text = format!(
+                "GET / HTTP/1.1\r\nHost: x\r\ntraceparent: {bad}\r\ntracestate: v=1\r\n\r\n"
+            );
+            let request = forwarded(&text, "127.0.0.1:1", "", b"");
+            assert!(!request.contains(bad), "{bad}");
+            assert!(!request.contains("tracestate"), "{bad}");
+            let value = request
+                .split("\r\n")
+                .find_map(|l| l.strip_prefix("traceparent: "))
+                .expect("a traceparent");
+            assert!(trace_id_of(value.as_bytes()).is_some(), "{value}");
         }
     }
 
     #[test]
-    fn forwarded_headers_record_the_peer_and_only_a_trusted_scheme() {
-        let trusted = TrustedProxies::parse("10.0.0.1").expect("parse");
-        let mut headers = HeaderMap::new();
-        headers.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        headers.insert("connection", HeaderValue::from_static("close, x-hop"));
-        headers.insert("x-hop", HeaderValue::from_static("1"));
-        headers.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
-        prepare(&mut headers, peer("10.0.0.1:5000"), &trusted);
-        assert!(
-            !headers.contains_key("x-hop"),
-            "named by Connection: one hop only"
-        );
-        assert!(!headers.contains_key("proxy-connection"));
-        assert_eq!(headers[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
-        assert_eq!(headers[&X_FORWARDED_PROTO], "https");
-        assert!(!headers.contains_key(AUTHORIZATION));
-        assert!(!headers.contains_key("connection"));
-
-        let mut headers = HeaderMap::new();
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        prepare(&mut headers, peer("203.0.113.5:5000"), &trusted);
+    fn new_traces_are_valid_and_distinct() {
+        let head = head("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100 {
+            let trace = TraceContext::of(&head);
+            let value = trace.value().to_vec();
+            assert_eq!(trace_id_of(&value), Some(trace.trace_id().as_bytes()));
+            assert!(value.starts_with(b"00-") && value.ends_with(b"-01"));
+            seen.insert(value);
+        }
+        assert_eq!(seen.len(), 100, "every new trace has ids of its own");
+        let kept = head_with_trace();
         assert_eq!(
-            headers[&X_FORWARDED_PROTO], "http",
-            "an untrusted peer cannot claim https"
+            TraceContext::of(&kept).trace_id(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
         );
-        assert_eq!(headers[&X_FORWARDED_FOR], "203.0.113.5");
+    }
+
+    fn head_with_trace() -> RequestHead {
+        head(&format!(
+            "GET / HTTP/1.1\r\nHost: x\r\ntraceparent: {VALID}\r\n\r\n"
+        ))
     }
 }

@@ -10,24 +10,22 @@ pub mod headers;
 pub mod pool;
 pub mod upstream;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::Incoming;
 
 use seckill_auth::IdentitySigner;
 use seckill_http::error_response;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
+use crate::http1::{Answer, BodyError, Incoming};
+use headers::{Forward, TraceContext};
 
-pub use pool::{ExchangeError, PoolSettings};
+pub use pool::{ExchangeError, Outgoing, PoolSettings};
 pub use upstream::Upstreams;
 
 /// What the proxy handler needs.
@@ -42,8 +40,6 @@ pub struct ProxyState {
     /// Deadline for one replica's whole answer; the request may have reached it, so a
     /// timeout is answered 504, never retried elsewhere.
     pub upstream_timeout: Duration,
-    /// Largest accepted body.
-    pub max_body_bytes: usize,
     /// Whose `X-Forwarded-Proto` is believed.
     pub trusted_proxies: Arc<TrustedProxies>,
 }
@@ -109,97 +105,109 @@ pub fn route(path: &str) -> Option<Route> {
     })
 }
 
+/// Whether `path` has a `.` or `..` segment, plain or percent-encoded: the gateway routes
+/// on the path as it came, and a backend that resolved such segments could see another
+/// route than the one that was authorised.
+pub fn has_dot_segment(path: &str) -> bool {
+    let is_dot = |s: &str| s == "." || s.eq_ignore_ascii_case("%2e");
+    path.split('/').any(|segment| {
+        is_dot(segment)
+            || (1..=3)
+                .filter(|&at| segment.is_char_boundary(at))
+                .any(|at| is_dot(&segment[..at]) && is_dot(&segment[at..]))
+    })
+}
+
 /// Forwards an admitted request of `caller` to a replica of `service`, with identity
 /// re-signed: reads the body whole (413 beyond `max_body_bytes`), tries the replicas in
-/// turn while nothing was sent, and answers with the replica's response or a JSON error.
+/// turn while nothing was sent, and answers with the replica's answer or a JSON error.
 pub async fn forward(
     state: &ProxyState,
     service: Service,
     caller: &Caller,
-    peer: SocketAddr,
-    request: hyper::Request<Incoming>,
-) -> Response {
-    let upstreams = state.upstreams(service);
-    let (mut parts, body) = request.into_parts();
-    let body = match Limited::new(body, state.max_body_bytes).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => {
-            return error_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!(
-                    "request bodies are limited to {} bytes",
-                    state.max_body_bytes
-                ),
-            );
+    incoming: &mut Incoming<'_>,
+    request_id: &[u8],
+) -> Answer {
+    let body = match incoming.body().await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge(limit)) => {
+            let message = format!("request bodies are limited to {limit} bytes");
+            let refusal =
+                error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message);
+            return Answer::from_response(refusal).await;
         }
         Err(e) => {
-            tracing::debug!(error = %e, "client body unreadable");
-            return error_response(
+            tracing::debug!(error = ?e, "client body unreadable");
+            let refusal = error_response(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "the request body could not be read",
             );
+            return Answer::from_response(refusal).await;
         }
     };
-    let headers = &mut parts.headers;
-    let trace_id = headers::prepare(headers, peer, &state.trusted_proxies);
-    tracing::Span::current().record("trace_id", trace_id.as_str());
-    // sign_into replaces every identity header the client may have sent.
-    state
-        .signer
-        .sign_into(headers, caller.user_id, &caller.roles);
-    // Method, target and headers as they are now; the pool writes only the target's path
-    // and query, and its own framing.
-    let mut request = hyper::Request::from_parts(parts, body);
+    let head = incoming.head;
+    let trace = TraceContext::of(head);
+    tracing::Span::current().record("trace_id", trace.trace_id());
+    let forward = Forward {
+        head,
+        body: &body,
+        peer: incoming.peer,
+        trusted: &state.trusted_proxies,
+        request_id,
+        trace: &trace,
+        caller,
+        signer: &state.signer,
+    };
+    let upstreams = state.upstreams(service);
     for replica in upstreams.rotation() {
         let base = replica.base();
-        match tokio::time::timeout(state.upstream_timeout, replica.pool().exchange(request)).await {
-            // Its headers are end-to-end ones already (the pool leaves hop-by-hop ones out).
-            Ok(Ok(upstream_response)) => return upstream_response.map(Body::from),
+        let pool = replica.pool();
+        let wire = forward.encode(pool.host().as_bytes());
+        let exchange = pool.exchange(Outgoing::new(&wire));
+        let refusal = match tokio::time::timeout(state.upstream_timeout, exchange).await {
+            Ok(Ok(answer)) => return answer,
             // Nothing reached the replica (or, for a safe request, nothing was answered):
             // safe to try the next one, even for a purchase.
-            Ok(Err(ExchangeError::Connect {
-                reason,
-                request: unsent,
-            })) => {
+            Ok(Err(ExchangeError::Connect(reason))) => {
                 tracing::warn!(upstream = base, error = %reason, "upstream refused connection");
                 upstream_error(upstreams, "connect");
                 upstreams.eject(replica);
-                request = *unsent;
+                continue;
             }
             Ok(Err(ExchangeError::TooLarge(limit))) => {
                 tracing::warn!(upstream = base, limit, "upstream answer too large");
                 upstream_error(upstreams, "too_large");
-                return error_response(
+                error_response(
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
                     "the upstream answer was too large",
-                );
+                )
             }
             // The request may have reached the replica: never retry (a purchase must not
             // be sent twice by us).
             Ok(Err(ExchangeError::Failed(e))) => {
                 tracing::warn!(upstream = base, error = %e, "upstream request failed");
                 upstream_error(upstreams, "request");
-                return error_response(
+                error_response(
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
                     "the upstream service failed",
-                );
+                )
             }
             Err(_) => {
                 tracing::warn!(upstream = base, "upstream did not answer in time");
                 upstream_error(upstreams, "timeout");
-                return error_response(
+                error_response(
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
                     "the upstream service took too long",
-                );
+                )
             }
-        }
+        };
+        return Answer::from_response(refusal).await;
     }
-    unavailable("no upstream available, retry shortly")
+    Answer::from_response(unavailable("no upstream available, retry shortly")).await
 }
 
 fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
@@ -215,4 +223,47 @@ pub fn unavailable(message: &'static str) -> Response {
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_belong_to_their_service_and_admin_paths_need_the_role() {
+        let owner = |path| route(path).map(|r| (r.service, r.admin_only));
+        assert_eq!(owner("/api/seckill/7"), Some((Service::SeckillApi, false)));
+        assert_eq!(owner("/admin/products"), Some((Service::SeckillApi, true)));
+        assert_eq!(owner("/api/orders/3"), Some((Service::OrderService, false)));
+        assert_eq!(
+            owner("/admin/dlq/redrive"),
+            Some((Service::OrderService, true))
+        );
+        for unowned in ["/", "/api/seckillx", "/admin", "*", "/api/products-all"] {
+            assert_eq!(owner(unowned), None, "{unowned}");
+        }
+    }
+
+    #[test]
+    fn dot_segments_plain_or_encoded_are_found() {
+        for dotted in [
+            "/api/products/../../admin/products",
+            "/api/products/./1",
+            "/api/products/%2e%2E/admin",
+            "/api/products/.%2e",
+            "/api/products/%2E.",
+            "/api/products/%2e",
+            "/..",
+        ] {
+            assert!(has_dot_segment(dotted), "{dotted}");
+        }
+        for plain in [
+            "/api/products/1",
+            "/api/products/a.b",
+            "/api/products/...",
+            "/.well-known",
+        ] {
+            assert!(!has_dot_segment(plain), "{plain}");
+        }
+    }
 }

@@ -196,7 +196,7 @@ mod tests {
         let seen: Vec<(&str, &str)> = up
             .replicas
             .iter()
-            .map(|r| (r.pool.address(), r.pool.host().to_str().expect("ascii")))
+            .map(|r| (r.pool.address(), r.pool.host()))
             .collect();
         assert_eq!(
             seen,

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use seckill_http::error_response;
 
 use crate::Settings;
+use crate::http1::Answer;
 use memory::MemoryQuota;
 use redis::{Decision, RedisQuotas};
 
@@ -183,9 +184,17 @@ pub enum Verdict {
 
 impl Verdict {
     /// Puts the quota's headers on an answer that was let through.
-    pub fn annotate(&self, response: &mut Response) {
+    pub fn annotate(&self, answer: &mut Answer) {
         if let Self::Allowed { limit, remaining } = self {
-            set_quota_headers(response.headers_mut(), *limit, *remaining);
+            let mut number = itoa::Buffer::new();
+            answer.push_header(
+                X_RATELIMIT_LIMIT.as_str().as_bytes(),
+                number.format(*limit).as_bytes(),
+            );
+            answer.push_header(
+                X_RATELIMIT_REMAINING.as_str().as_bytes(),
+                number.format(*remaining).as_bytes(),
+            );
         }
     }
 }
