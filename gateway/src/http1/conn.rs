@@ -10,6 +10,10 @@
 //! deadline passed, a panic: the answer says `connection: close` and the connection ends,
 //! so no byte of one request is ever read as the start of another.
 //!
+//! A connection the gateway ends while the client may still be sending is shut down on the
+//! gateway's side first and drained for a moment, so the last answer is not lost to a
+//! reset.
+//!
 //! Time limits, each on a timer of the connection's own that is pushed forward rather than
 //! made anew for every request: `idle_timeout` between requests, `header_timeout` from the
 //! first byte of a head to its end (a client trickling its headers is cut off), and the
@@ -22,7 +26,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use bytes::{Buf, Bytes};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -177,7 +181,11 @@ pub async fn serve_connection(
         let head_request = head.method() == Method::HEAD;
         let rest = answer.encode(&mut out, head_request, !keep, head.is_http11());
         let written = write_within(&mut wire.stream, &out, rest, idle.as_mut(), limits).await;
-        if !keep || !written {
+        if !written {
+            return;
+        }
+        if !keep {
+            linger(&mut wire.stream).await;
             return;
         }
         wire.shrink();
@@ -230,6 +238,31 @@ fn settle(wire: &mut Wire, head: &RequestHead, state: BodyState) -> bool {
         _ => false,
     }
 }
+
+/// Closes a connection the client may still be writing to: the gateway's side first, then
+/// what arrives is read and dropped until the client closes too, for a short while. A
+/// socket closed with unread bytes sends a reset, which can destroy the answer before the
+/// client has read it (the "lingering close" every HTTP server does).
+async fn linger(stream: &mut TcpStream) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < LINGER_BYTES {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+/// How long, and for how many bytes, a closing connection is drained.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
 
 /// Writes `head` then `rest`, giving up when the client takes neither within the idle
 /// timeout; whether all was written.

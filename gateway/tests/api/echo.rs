@@ -120,6 +120,11 @@ pub async fn spawn_gateway(settings: gateway::Settings) -> Gateway {
 }
 
 impl Gateway {
+    /// Stops the gateway as SIGTERM would: no new connections, requests under way answered.
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+
     pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
         self.client.get(format!("{}{path}", self.url))
     }

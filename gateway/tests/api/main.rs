@@ -7,9 +7,12 @@
 mod compose;
 mod e2e;
 mod echo;
+mod framing;
 mod helpers;
+mod keepalive;
 mod overload;
 mod ratelimit;
+mod raw;
 mod security;
 mod shared_ratelimit;
 mod tokens;
