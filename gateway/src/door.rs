@@ -40,7 +40,7 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use seckill_http::error_response;
-use seckill_http::layers::{is_usable_request_id, new_request_id};
+use seckill_http::layers::{is_usable_request_id, new_request_id_text};
 use seckill_http::request_metrics::{self, method_label};
 
 use crate::auth::{self, Authenticator, Caller};
@@ -103,8 +103,8 @@ impl Door {
         let request_id = match head.value(Kind::RequestId) {
             Some(id) if is_usable_request_id(id) => id,
             _ => {
-                generated = new_request_id();
-                generated.as_bytes()
+                generated = new_request_id_text();
+                &generated
             }
         };
         let span = tracing::info_span!(

@@ -43,10 +43,16 @@ impl MakeRequestId for FastRequestUuid {
 
 /// A new request id: a random (version 4) UUID from the thread's RNG, hyphenated.
 pub fn new_request_id() -> HeaderValue {
+    HeaderValue::from_bytes(&new_request_id_text())
+        .expect("a hyphenated uuid is a valid header value")
+}
+
+/// [`new_request_id`] as text on the stack, for a caller that writes it out itself.
+pub fn new_request_id_text() -> [u8; uuid::fmt::Hyphenated::LENGTH] {
     let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let text = id.hyphenated().encode_lower(&mut text);
-    HeaderValue::from_str(text).expect("a hyphenated uuid is a valid header value")
+    id.hyphenated().encode_lower(&mut text);
+    text
 }
 
 async fn drop_unusable_request_id(mut req: Request, next: Next) -> Response {

@@ -78,12 +78,22 @@ pub struct Incoming<'a> {
     pub head: &'a RequestHead,
     /// The socket peer.
     pub peer: SocketAddr,
+    /// The connection's timer for one exchange with a replica (see
+    /// [`Incoming::upstream_timer`]).
+    upstream_timer: Pin<&'a mut Sleep>,
     wire: &'a mut Wire,
     state: BodyState,
     max_body_bytes: usize,
 }
 
 impl Incoming<'_> {
+    /// A timer of the connection's own for a replica's answer, set by the caller: pushing it
+    /// forward request after request costs an atomic store, where a new timer per request
+    /// is a registration with the runtime's timer wheel and a removal.
+    pub fn upstream_timer(&mut self) -> Pin<&mut Sleep> {
+        self.upstream_timer.as_mut()
+    }
+
     /// How far the body has been read.
     pub fn body_state(&self) -> BodyState {
         self.state
@@ -155,6 +165,7 @@ pub async fn serve_connection(
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     let mut idle = std::pin::pin!(tokio::time::sleep_until(far));
     let mut deadline = std::pin::pin!(tokio::time::sleep_until(far));
+    let mut upstream = std::pin::pin!(tokio::time::sleep_until(far));
     let mut shutdown = std::pin::pin!(closing.cancelled());
     loop {
         let head = match read_head(&mut wire, limits, idle.as_mut(), shutdown.as_mut()).await {
@@ -171,6 +182,7 @@ pub async fn serve_connection(
         let mut incoming = Incoming {
             head: &head,
             peer,
+            upstream_timer: upstream.as_mut(),
             wire: &mut wire,
             state: BodyState::Unread,
             max_body_bytes: limits.max_body_bytes,

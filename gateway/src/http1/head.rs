@@ -16,6 +16,7 @@
 
 use std::mem::MaybeUninit;
 
+use axum::http::uri::PathAndQuery;
 use axum::http::{Method, StatusCode};
 use bytes::{Bytes, BytesMut};
 
@@ -152,11 +153,8 @@ struct Field {
 pub struct RequestHead {
     raw: Bytes,
     method: Method,
-    /// The path and query to forward (origin form); `None`: `/` (an absolute URL without a
-    /// path).
-    target: Option<Span>,
-    /// Length of the path within `target`.
-    path_len: u32,
+    /// The path and query to forward (origin form), checked once, sharing `raw`'s bytes.
+    target: PathAndQuery,
     http11: bool,
     fields: Vec<Field>,
     framing: Framing,
@@ -194,9 +192,7 @@ impl RequestHead {
         let method = request.method.unwrap_or_default();
         let method = Method::from_bytes(method.as_bytes())
             .map_err(|_| HeadError::bad("malformed method"))?;
-        let target = origin_form(request.path.unwrap_or_default())?;
-        let path_len = target.map_or(1, |t| t.find('?').unwrap_or(t.len())) as u32;
-        let target = target.map(|t| span(t.as_bytes()));
+        let target = origin_form(request.path.unwrap_or_default())?.map(|t| span(t.as_bytes()));
         let fields: Vec<Field> = request
             .headers
             .iter()
@@ -208,11 +204,17 @@ impl RequestHead {
             .collect();
         let http11 = request.version == Some(1);
         let raw = buffer.split_to(length).freeze();
+        let target = match target {
+            Some((start, end)) => {
+                PathAndQuery::from_maybe_shared(raw.slice(start as usize..end as usize))
+                    .map_err(|_| HeadError::bad("malformed request target"))?
+            }
+            None => PathAndQuery::from_static("/"),
+        };
         let mut head = Self {
             raw,
             method,
             target,
-            path_len,
             http11,
             fields,
             framing: Framing::None,
@@ -298,15 +300,12 @@ impl RequestHead {
 
     /// Path and query, as forwarded (an absolute-form target reduced to them).
     pub fn target(&self) -> &str {
-        // Checked to be text when parsed.
-        self.target
-            .and_then(|target| std::str::from_utf8(self.slice(target)).ok())
-            .unwrap_or("/")
+        self.target.as_str()
     }
 
     /// The path alone.
     pub fn path(&self) -> &str {
-        &self.target()[..self.path_len as usize]
+        self.target.path()
     }
 
     /// HTTP/1.1 (else 1.0).

@@ -165,7 +165,16 @@ pub async fn forward(
         let pool = replica.pool();
         let wire = forward.encode(pool.host().as_bytes());
         let exchange = pool.exchange(Outgoing::new(&wire));
-        let refusal = match tokio::time::timeout(state.upstream_timeout, exchange).await {
+        let mut timer = incoming.upstream_timer();
+        timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + state.upstream_timeout);
+        let outcome = tokio::select! {
+            biased;
+            outcome = exchange => Ok(outcome),
+            () = timer => Err(()),
+        };
+        let refusal = match outcome {
             Ok(Ok(answer)) => return answer,
             // Nothing reached the replica (or, for a safe request, nothing was answered):
             // safe to try the next one, even for a purchase.
