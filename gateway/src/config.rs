@@ -125,7 +125,8 @@ impl Default for Settings {
             request_timeout_ms: 10_000,
             max_body_bytes: 64 * 1024,
             // Above the 20 kB request ids a hostile client may send (they are replaced, not
-            // refused), well under hyper's ~400 kB buffer.
+            // refused); the read buffer of a connection grows at most to this while a head
+            // arrives.
             max_header_bytes: 32 * 1024,
             max_headers: 100,
             client_header_timeout_ms: 30_000,

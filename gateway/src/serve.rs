@@ -8,8 +8,8 @@
 //! on a multi-threaded runtime cost more CPU per request than a second thread gave back.
 //!
 //! Shutdown (SIGINT/SIGTERM or the token): stop accepting, close idle connections, let the
-//! requests under way finish for up to [`DRAIN`] (each answered with `connection: close`),
-//! then stop the workers.
+//! requests under way finish for up to 30 s (`DRAIN`; each is answered with
+//! `connection: close`), then stop the workers.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;

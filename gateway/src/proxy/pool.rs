@@ -3,10 +3,11 @@
 //! The gateway speaks to its replicas in the narrowest HTTP/1.1 there is: one request at a
 //! time per connection, the request written in one buffer (head and body: the body was read
 //! whole at the door), the answer parsed with `httparse` and read whole (`Content-Length`,
-//! chunked, or until the replica closes). No channels and no task of its own: the request's
-//! task writes and reads the socket itself. A general client (hyper's, used before) pays per
-//! request for a dispatch channel, a response channel, a body channel and re-encoding a
-//! header map; here that was about a quarter of the gateway's user-space CPU.
+//! chunked, or until the replica closes), its end-to-end header lines copied as they came
+//! into the [`Answer`] the client's connection writes. No channels and no task of its own:
+//! the request's task writes and reads the socket itself. A general client (hyper's, used
+//! before) pays per request for a dispatch channel, a response channel, a body channel and
+//! re-encoding a header map; here that was about a quarter of the gateway's user-space CPU.
 //!
 //! Idle connections are kept per thread (no lock; on a current-thread runtime a socket stays
 //! with the reactor it is registered with), newest used first, oldest closed once idle too
