@@ -21,10 +21,7 @@ pub struct RawAnswer {
 impl RawAnswer {
     /// The first value of `name` (any case).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        first_value(&self.headers, name)
     }
 
     /// Whether the gateway said it closes the connection after this answer.
@@ -145,11 +142,16 @@ pub struct Seen {
 
 impl Seen {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        first_value(&self.headers, name)
     }
+}
+
+/// The first value of the header `name` (any case) among `headers`.
+fn first_value<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
 }
 
 /// A replica that answers `200 ok` to everything (after a second on a path ending in
