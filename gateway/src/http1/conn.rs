@@ -168,32 +168,34 @@ pub async fn serve_connection(
     let mut upstream = std::pin::pin!(tokio::time::sleep_until(far));
     let mut shutdown = std::pin::pin!(closing.cancelled());
     loop {
-        let head = match read_head(&mut wire, limits, idle.as_mut(), shutdown.as_mut()).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return,
-            Err(refused) => {
-                let answer = door.refuse_head(refused, peer).await;
-                answer.encode(&mut out, false, true, true);
-                let _ =
-                    write_within(&mut wire.stream, &out, Bytes::new(), idle.as_mut(), limits).await;
-                return;
-            }
-        };
-        let mut incoming = Incoming {
-            head: &head,
-            peer,
-            upstream_timer: upstream.as_mut(),
-            wire: &mut wire,
-            state: BodyState::Unread,
-            max_body_bytes: limits.max_body_bytes,
-        };
-        let answer = door.answer(&mut incoming, deadline.as_mut()).await;
-        let state = incoming.state;
-        let keep = head.keep_alive() && !closing.is_cancelled() && settle(&mut wire, &head, state);
-        let head_request = head.method() == Method::HEAD;
-        let rest = answer.encode(&mut out, head_request, !keep, head.is_http11());
-        let written = write_within(&mut wire.stream, &out, rest, idle.as_mut(), limits).await;
-        if !written {
+        let (answer, head_request, http11, keep) =
+            match read_head(&mut wire, limits, idle.as_mut(), shutdown.as_mut()).await {
+                Ok(Some(head)) => {
+                    let mut incoming = Incoming {
+                        head: &head,
+                        peer,
+                        upstream_timer: upstream.as_mut(),
+                        wire: &mut wire,
+                        state: BodyState::Unread,
+                        max_body_bytes: limits.max_body_bytes,
+                    };
+                    let answer = door.answer(&mut incoming, deadline.as_mut()).await;
+                    let state = incoming.state;
+                    let keep = head.keep_alive()
+                        && !closing.is_cancelled()
+                        && settle(&mut wire, &head, state);
+                    (
+                        answer,
+                        head.method() == Method::HEAD,
+                        head.is_http11(),
+                        keep,
+                    )
+                }
+                Ok(None) => return,
+                Err(refused) => (door.refuse_head(refused, peer).await, false, true, false),
+            };
+        let rest = answer.encode(&mut out, head_request, !keep, http11);
+        if !write_within(&mut wire.stream, &out, rest, idle.as_mut(), limits).await {
             return;
         }
         if !keep {
