@@ -48,7 +48,7 @@ impl Answer {
     /// Adds the header line `name: value`. The caller vouches that the name is a token and
     /// the value holds no CR or LF.
     pub fn push_header(&mut self, name: &[u8], value: &[u8]) {
-        push_line(&mut self.headers, name, value);
+        header_line(&mut self.headers, name, value);
     }
 
     /// The value of the first header named `name` (any case).
@@ -124,7 +124,7 @@ impl Answer {
         let code = self.status.as_u16();
         let no_content = code < 200 || code == 204 || code == 304;
         if !no_content && !self.length_given {
-            push_line(
+            header_line(
                 out,
                 b"content-length",
                 itoa::Buffer::new().format(self.body.len()).as_bytes(),
@@ -147,7 +147,9 @@ impl Answer {
     }
 }
 
-fn push_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+/// Appends the header line `name: value\r\n` to `out`. The caller vouches that the name is
+/// a token and the value holds no CR or LF.
+pub fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);

@@ -160,8 +160,6 @@ pub struct RequestHead {
     framing: Framing,
     keep_alive: bool,
     expect_continue: bool,
-    /// A `Connection` header names a header beyond the fixed hop-by-hop list.
-    names_others: bool,
 }
 
 impl RequestHead {
@@ -220,7 +218,6 @@ impl RequestHead {
             framing: Framing::None,
             keep_alive: false,
             expect_continue: false,
-            names_others: false,
         };
         head.check_fields()?;
         Ok(Some(head))
@@ -265,17 +262,11 @@ impl RequestHead {
             },
             (false, false) => Framing::None,
         };
-        let (mut close, mut keep_alive, mut names_others) = (false, false, false);
+        let (mut close, mut keep_alive) = (false, false);
         for token in list_items(self.values(Kind::Connection)) {
-            if token.eq_ignore_ascii_case(b"close") {
-                close = true;
-            } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                keep_alive = true;
-            } else if !token.is_empty() && Kind::of(token) != Kind::HopByHop {
-                names_others = true;
-            }
+            close |= token.eq_ignore_ascii_case(b"close");
+            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
         }
-        self.names_others = names_others;
         self.keep_alive = !close && (self.http11 || keep_alive);
         if let Some(expect) = self.value(Kind::Expect) {
             if !expect.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
@@ -350,11 +341,9 @@ impl RequestHead {
 
     /// The [`Kind::Other`] headers that travel on: those `Connection` does not name.
     pub fn end_to_end(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let hop_by_hop = HopByHop::of(self.values(Kind::Connection));
         self.fields().filter_map(move |(name, value, kind)| {
-            let named = self.names_others
-                && list_items(self.values(Kind::Connection))
-                    .any(|token| token.eq_ignore_ascii_case(name));
-            (kind == Kind::Other && !named).then_some((name, value))
+            (kind == Kind::Other && !hop_by_hop.contains(name)).then_some((name, value))
         })
     }
 }
@@ -383,6 +372,38 @@ fn origin_form(target: &str) -> Result<Option<&str>, HeadError> {
         Some(_) => Err(HeadError::bad("the request target must have a path")),
         None => Ok(None),
     }
+}
+
+/// Which of a message's headers describe one hop only (RFC 9110 §7.6.1): the fixed list,
+/// with the obsolete `Proxy-Connection`, and whatever its `Connection` headers name. The
+/// same rule for requests going to a replica and answers coming back.
+#[derive(Debug)]
+pub struct HopByHop<'a> {
+    /// Names `Connection` lists beyond the fixed list: usually none (and then no allocation).
+    named: Vec<&'a [u8]>,
+}
+
+impl<'a> HopByHop<'a> {
+    /// The hop-by-hop headers of a message whose `Connection` values are `connection`.
+    pub fn of(connection: impl Iterator<Item = &'a [u8]>) -> Self {
+        let named = list_items(connection)
+            .filter(|name| !name.is_empty() && !is_listed(name))
+            .collect();
+        Self { named }
+    }
+
+    /// Whether the header `name` is one of them.
+    pub fn contains(&self, name: &[u8]) -> bool {
+        is_listed(name) || self.named.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+}
+
+/// Whether `name` is on the fixed hop-by-hop list.
+fn is_listed(name: &[u8]) -> bool {
+    matches!(
+        Kind::of(name),
+        Kind::Connection | Kind::HopByHop | Kind::TransferEncoding
+    )
 }
 
 /// The items of comma-separated header values (RFC 9110 §5.6.1), trimmed.

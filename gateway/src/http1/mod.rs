@@ -17,6 +17,8 @@ pub mod answer;
 pub mod conn;
 pub mod head;
 
-pub use answer::Answer;
+pub use answer::{Answer, header_line};
 pub use conn::{BodyError, BodyState, ConnLimits, Incoming, serve_connection};
-pub use head::{Framing, HeadError, HeadLimits, Kind, MAX_HEADERS_CAP, RequestHead, list_items};
+pub use head::{
+    Framing, HeadError, HeadLimits, HopByHop, Kind, MAX_HEADERS_CAP, RequestHead, list_items,
+};

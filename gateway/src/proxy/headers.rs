@@ -10,7 +10,7 @@
 //! the signed identity), any identity header the client sent, `Expect` (answered here), and
 //! the client's framing.
 //!
-//! An answer comes back with its end-to-end headers only ([`HopByHop`]).
+//! An answer comes back with its end-to-end headers only ([`crate::http1::HopByHop`], the same rule as on the way out).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -21,7 +21,7 @@ use seckill_auth::IdentitySigner;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
-use crate::http1::{Kind, RequestHead, list_items};
+use crate::http1::{Kind, RequestHead, header_line};
 
 /// A request on its way to a replica: everything its bytes are written from.
 #[derive(Debug, Clone, Copy)]
@@ -53,9 +53,9 @@ impl Forward<'_> {
         out.push(b' ');
         out.extend_from_slice(head.target().as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        line(&mut out, b"host", &[host]);
+        header_line(&mut out, b"host", host);
         for (name, value) in head.end_to_end() {
-            line(&mut out, name, &[value]);
+            header_line(&mut out, name, value);
         }
         out.extend_from_slice(b"x-forwarded-for: ");
         for previous in head.values(Kind::ForwardedFor) {
@@ -71,8 +71,8 @@ impl Forward<'_> {
             .filter(|_| self.trusted.trusts(self.peer.ip().to_canonical()))
             .filter(|v| *v == b"https" || *v == b"http")
             .unwrap_or(b"http");
-        line(&mut out, b"x-forwarded-proto", &[proto]);
-        line(&mut out, b"x-request-id", &[self.request_id]);
+        header_line(&mut out, b"x-forwarded-proto", proto);
+        header_line(&mut out, b"x-request-id", self.request_id);
         self.trace.write(&mut out, head);
         self.signer
             .write_lines(&mut out, self.caller.user_id, &self.caller.roles_joined);
@@ -80,26 +80,16 @@ impl Forward<'_> {
             || matches!(*head.method(), Method::POST | Method::PUT | Method::PATCH);
         if carries_body {
             let mut length = itoa::Buffer::new();
-            line(
+            header_line(
                 &mut out,
                 b"content-length",
-                &[length.format(self.body.len()).as_bytes()],
+                length.format(self.body.len()).as_bytes(),
             );
         }
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(self.body);
         out
     }
-}
-
-/// Appends `name: <parts…>\r\n`.
-fn line(out: &mut Vec<u8>, name: &[u8], parts: &[&[u8]]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    for part in parts {
-        out.extend_from_slice(part);
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// The W3C trace context a forwarded request carries: the client's `traceparent` when it is
@@ -137,10 +127,10 @@ impl<'a> TraceContext<'a> {
     }
 
     fn write(&self, out: &mut Vec<u8>, head: &RequestHead) {
-        line(out, b"traceparent", &[self.value()]);
+        header_line(out, b"traceparent", self.value());
         if let Self::Kept(_) = self {
             for state in head.values(Kind::Tracestate) {
-                line(out, b"tracestate", &[state]);
+                header_line(out, b"tracestate", state);
             }
         }
     }
@@ -176,51 +166,6 @@ fn trace_id_of(value: &[u8]) -> Option<&[u8]> {
         && trace_id.iter().any(|&b| b != b'0')
         && parent_id.iter().any(|&b| b != b'0');
     ok.then_some(trace_id)
-}
-
-/// Which of an answer's headers describe one hop only: those on the fixed list, and those
-/// its `Connection` headers name.
-pub struct HopByHop<'a> {
-    headers: &'a [httparse::Header<'a>],
-    /// A `Connection` header names something beyond the fixed list.
-    names_others: bool,
-}
-
-impl<'a> HopByHop<'a> {
-    /// The hop-by-hop headers among `headers`.
-    pub fn of(headers: &'a [httparse::Header<'a>]) -> Self {
-        let names_others = connection_names(headers).any(|named| !is_listed(named));
-        Self {
-            headers,
-            names_others,
-        }
-    }
-
-    /// Whether the header `name` is one of them.
-    pub fn contains(&self, name: &str) -> bool {
-        is_listed(name.as_bytes())
-            || (self.names_others
-                && connection_names(self.headers)
-                    .any(|named| named.eq_ignore_ascii_case(name.as_bytes())))
-    }
-}
-
-/// Whether `name` is on the fixed hop-by-hop list (RFC 9110 §7.6.1, with the obsolete
-/// `Proxy-Connection`).
-fn is_listed(name: &[u8]) -> bool {
-    matches!(
-        Kind::of(name),
-        Kind::Connection | Kind::HopByHop | Kind::TransferEncoding
-    )
-}
-
-/// The names the `Connection` headers among `headers` list.
-fn connection_names<'h>(headers: &'h [httparse::Header<'_>]) -> impl Iterator<Item = &'h [u8]> {
-    let values = headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-        .map(|h| h.value);
-    list_items(values)
 }
 
 #[cfg(test)]

@@ -38,8 +38,7 @@ use thread_local::ThreadLocal;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use super::headers::HopByHop;
-use crate::http1::Answer;
+use crate::http1::{Answer, HopByHop, header_line};
 use crate::wire::{self, Wire, WireError};
 
 /// How connections to a replica are made and kept.
@@ -398,18 +397,19 @@ fn parse_answer_head(
     // No body, whatever the head announces (RFC 9112 §6.3).
     let bodiless = head_only || status == 204 || status == 304;
     let framing = framing(parsed.headers, parsed.version == Some(1));
-    let hop_by_hop = HopByHop::of(parsed.headers);
+    let connection = parsed
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"));
+    let hop_by_hop = HopByHop::of(connection.map(|h| h.value));
     let mut lines = Vec::with_capacity(buffer.len().min(length));
     for header in parsed.headers.iter() {
         let framed_here = !bodiless && header.name.eq_ignore_ascii_case("content-length");
-        if framed_here || hop_by_hop.contains(header.name) {
+        if framed_here || hop_by_hop.contains(header.name.as_bytes()) {
             continue;
         }
         // httparse checked the name is a token and the value holds no CR or LF.
-        lines.extend_from_slice(header.name.as_bytes());
-        lines.extend_from_slice(b": ");
-        lines.extend_from_slice(header.value);
-        lines.extend_from_slice(b"\r\n");
+        header_line(&mut lines, header.name.as_bytes(), header.value);
     }
     let head = AnswerHead {
         status,
