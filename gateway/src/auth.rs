@@ -10,16 +10,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
-use axum::http::header::WWW_AUTHENTICATE;
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::http::StatusCode;
 
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
 use seckill_config::split_list;
-use seckill_http::error_response;
 use thread_local::ThreadLocal;
 
 use crate::Settings;
+use crate::http1::Answer;
+
+const WWW_AUTHENTICATE: &[u8] = b"www-authenticate";
 
 /// A caller whose token verified.
 #[derive(Debug, Clone)]
@@ -171,39 +171,39 @@ fn bearer_token(value: &[u8]) -> Option<&str> {
 
 /// The 401 for a refused token: one message whatever went wrong; `reason` goes to the log
 /// and to `gateway_auth_failures_total{reason}`.
-pub fn unauthorized(reason: &'static str) -> Response {
+pub async fn unauthorized(reason: &'static str) -> Answer {
     metrics::counter!("gateway_auth_failures_total", "reason" => reason).increment(1);
     tracing::info!(reason, "request refused: no valid bearer token");
-    let mut response = error_response(
+    let mut answer = Answer::error(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
         "a valid bearer token is required",
-    );
+    )
+    .await;
     // RFC 6750 §3: no error code when no token was sent, `invalid_token` otherwise.
     let challenge = if reason == "missing_token" {
         "Bearer realm=\"seckill\""
     } else {
         "Bearer realm=\"seckill\", error=\"invalid_token\""
     };
-    response
-        .headers_mut()
-        .insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
-    response
+    answer.push_header(WWW_AUTHENTICATE, challenge.as_bytes());
+    answer
 }
 
 /// The 403 for a non-admin on an admin route.
-pub fn forbidden() -> Response {
+pub async fn forbidden() -> Answer {
     metrics::counter!("gateway_auth_failures_total", "reason" => "not_admin").increment(1);
-    let mut response = error_response(
+    let mut answer = Answer::error(
         StatusCode::FORBIDDEN,
         "forbidden",
         "this action needs the admin role",
-    );
-    response.headers_mut().insert(
+    )
+    .await;
+    answer.push_header(
         WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"seckill\", error=\"insufficient_scope\""),
+        b"Bearer realm=\"seckill\", error=\"insufficient_scope\"",
     );
-    response
+    answer
 }
 
 #[cfg(test)]

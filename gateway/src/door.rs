@@ -39,7 +39,6 @@ use tokio::time::Sleep;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use seckill_http::error_response;
 use seckill_http::layers::{is_usable_request_id, new_request_id_text};
 use seckill_http::request_metrics::{self, method_label};
 
@@ -47,7 +46,7 @@ use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
 use crate::http1::{Answer, BodyState, HeadError, Incoming, Kind};
 use crate::proxy::{self, ProxyState, Route};
-use crate::ratelimit::{RateKey, RateLimits, Verdict, is_purchase};
+use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 
 /// Everything a request needs on its way through the gateway.
 pub struct Door {
@@ -94,8 +93,7 @@ impl Door {
         let label = route.map_or("unmatched", |r| r.service.name());
         let Some(slot) = self.in_flight.enter() else {
             metrics::counter!("gateway_shed_total").increment(1);
-            let answer =
-                Answer::from_response(proxy::unavailable("overloaded, retry shortly")).await;
+            let answer = proxy::unavailable("overloaded, retry shortly").await;
             record(label, method, answer.status, started);
             return answer;
         };
@@ -131,7 +129,7 @@ impl Door {
             Some(Ok(answer)) => answer,
             Some(Err(_panic)) => {
                 tracing::error!("request handler panicked");
-                local(
+                Answer::error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
                     "internal error",
@@ -139,7 +137,7 @@ impl Door {
                 .await
             }
             None if incoming.body_state() == BodyState::Reading => {
-                local(
+                Answer::error(
                     StatusCode::REQUEST_TIMEOUT,
                     "request_timeout",
                     "the request body came too slowly",
@@ -148,7 +146,7 @@ impl Door {
             }
             None => {
                 metrics::counter!("gateway_timeouts_total").increment(1);
-                local(
+                Answer::error(
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
                     "the request took too long",
@@ -180,8 +178,8 @@ impl Door {
         };
         let purchase = is_purchase(head.method(), head.path());
         let verdict = self.rate_limits.check(purchase, key).await;
-        if let Verdict::Limited(refusal) = verdict {
-            return Answer::from_response(refusal).await;
+        if let Some(refusal) = verdict.refusal().await {
+            return refusal;
         }
         let mut answer = self.route(incoming, route, caller, request_id).await;
         verdict.annotate(&mut answer);
@@ -196,7 +194,7 @@ impl Door {
         request_id: &[u8],
     ) -> Answer {
         if proxy::has_dot_segment(incoming.head.path()) {
-            return local(
+            return Answer::error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "paths with . or .. segments are refused",
@@ -204,15 +202,15 @@ impl Door {
             .await;
         }
         let Some(route) = route else {
-            return local(StatusCode::NOT_FOUND, "not_found", "no such route").await;
+            return Answer::error(StatusCode::NOT_FOUND, "not_found", "no such route").await;
         };
         let caller = match caller {
             Ok(caller) => caller,
-            Err(reason) => return Answer::from_response(auth::unauthorized(reason)).await,
+            Err(reason) => return auth::unauthorized(reason).await,
         };
         tracing::Span::current().record("user_id", caller.user_id);
         if route.admin_only && !caller.is_admin() {
-            return Answer::from_response(auth::forbidden()).await;
+            return auth::forbidden().await;
         }
         proxy::forward(&self.proxy, route.service, &caller, incoming, request_id).await
     }
@@ -229,7 +227,7 @@ impl Door {
         let body = match incoming.body().await {
             Ok(body) => body,
             Err(_) => {
-                return local(
+                return Answer::error(
                     StatusCode::BAD_REQUEST,
                     "invalid_request",
                     "unreadable body",
@@ -246,7 +244,7 @@ impl Door {
                 Err(never) => match never {},
             },
             Err(_) => {
-                local(
+                Answer::error(
                     StatusCode::BAD_REQUEST,
                     "invalid_request",
                     "malformed request",
@@ -265,15 +263,10 @@ impl Door {
             _ => "invalid_request",
         };
         tracing::debug!(%peer, status = %refused.status, reason = refused.message, "request head refused");
-        let answer = local(refused.status, code, refused.message).await;
+        let answer = Answer::error(refused.status, code, refused.message).await;
         record("unmatched", "other", answer.status, Instant::now());
         answer
     }
-}
-
-/// The gateway's own JSON error answer.
-async fn local(status: StatusCode, code: &str, message: &'static str) -> Answer {
-    Answer::from_response(error_response(status, code, message)).await
 }
 
 /// The in-flight bound: a counter shared by every worker thread.

@@ -45,8 +45,7 @@ impl Answer {
         }
     }
 
-    /// Adds the header line `name: value`. The caller vouches that the name is a token and
-    /// the value holds no CR or LF.
+    /// Adds the header line `name: value` ([`header_line`]).
     pub fn push_header(&mut self, name: &[u8], value: &[u8]) {
         header_line(&mut self.headers, name, value);
     }
@@ -94,6 +93,11 @@ impl Answer {
             }
         };
         answer
+    }
+
+    /// The gateway's own JSON error answer (the contract's `{"code","message"}`).
+    pub async fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self::from_response(seckill_http::error_response(status, code, message)).await
     }
 
     /// Writes the head into `out` (cleared first) and, when small, the body too; returns
@@ -244,6 +248,7 @@ mod tests {
         response
             .headers_mut()
             .insert("x-b", HeaderValue::from_static("2"));
+        let error = Answer::error(StatusCode::NOT_FOUND, "not_found", "no").await;
         let answer = Answer::from_response(response).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND);
         assert_eq!(answer.header("X-B"), Some(&b"2"[..]));
@@ -259,5 +264,6 @@ mod tests {
         );
         let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
         assert_eq!(body["code"], "not_found");
+        assert_eq!((error.status, &error.body), (answer.status, &answer.body));
     }
 }

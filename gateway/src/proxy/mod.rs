@@ -13,12 +13,9 @@ pub mod upstream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::http::StatusCode;
 
 use seckill_auth::IdentitySigner;
-use seckill_http::error_response;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
@@ -132,18 +129,13 @@ pub async fn forward(
         Ok(body) => body,
         Err(BodyError::TooLarge(limit)) => {
             let message = format!("request bodies are limited to {limit} bytes");
-            let refusal =
-                error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message);
-            return Answer::from_response(refusal).await;
+            return Answer::error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+                .await;
         }
         Err(e) => {
             tracing::debug!(error = ?e, "client body unreadable");
-            let refusal = error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "the request body could not be read",
-            );
-            return Answer::from_response(refusal).await;
+            let message = "the request body could not be read";
+            return Answer::error(StatusCode::BAD_REQUEST, "invalid_request", message).await;
         }
     };
     let head = incoming.head;
@@ -174,7 +166,7 @@ pub async fn forward(
             outcome = exchange => Ok(outcome),
             () = timer => Err(()),
         };
-        let refusal = match outcome {
+        let (status, code, message) = match outcome {
             Ok(Ok(answer)) => return answer,
             // Nothing reached the replica (or, for a safe request, nothing was answered):
             // safe to try the next one, even for a purchase.
@@ -187,7 +179,7 @@ pub async fn forward(
             Ok(Err(ExchangeError::TooLarge(limit))) => {
                 tracing::warn!(upstream = base, limit, "upstream answer too large");
                 upstream_error(upstreams, "too_large");
-                error_response(
+                (
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
                     "the upstream answer was too large",
@@ -198,7 +190,7 @@ pub async fn forward(
             Ok(Err(ExchangeError::Failed(e))) => {
                 tracing::warn!(upstream = base, error = %e, "upstream request failed");
                 upstream_error(upstreams, "request");
-                error_response(
+                (
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
                     "the upstream service failed",
@@ -207,16 +199,16 @@ pub async fn forward(
             Err(_) => {
                 tracing::warn!(upstream = base, "upstream did not answer in time");
                 upstream_error(upstreams, "timeout");
-                error_response(
+                (
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
                     "the upstream service took too long",
                 )
             }
         };
-        return Answer::from_response(refusal).await;
+        return Answer::error(status, code, message).await;
     }
-    Answer::from_response(unavailable("no upstream available, retry shortly")).await
+    unavailable("no upstream available, retry shortly").await
 }
 
 fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
@@ -226,12 +218,10 @@ fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
 }
 
 /// A 503 with `Retry-After: 1`.
-pub fn unavailable(message: &'static str) -> Response {
-    let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+pub async fn unavailable(message: &'static str) -> Answer {
+    let mut answer = Answer::error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).await;
+    answer.push_header(b"retry-after", b"1");
+    answer
 }
 
 #[cfg(test)]

@@ -18,22 +18,19 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use axum::response::Response;
+use axum::http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-
-use seckill_http::error_response;
 
 use crate::Settings;
 use crate::http1::Answer;
 use memory::MemoryQuota;
 use redis::{Decision, RedisQuotas};
 
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const X_RATELIMIT_LIMIT: &[u8] = b"x-ratelimit-limit";
+const X_RATELIMIT_REMAINING: &[u8] = b"x-ratelimit-remaining";
+const X_RATELIMIT_RESET: &[u8] = b"x-ratelimit-reset";
+const RETRY_AFTER: &[u8] = b"retry-after";
 
 /// Where the buckets live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -176,26 +173,49 @@ pub enum Verdict {
         /// Requests left right now, for `x-ratelimit-remaining`.
         remaining: u64,
     },
-    /// Refused with this 429.
-    Limited(Response),
+    /// Refused: a 429.
+    Limited {
+        /// The burst, for `x-ratelimit-limit`.
+        limit: u32,
+        /// Whole seconds until the next request would pass (already rounded up, at least 1),
+        /// for `Retry-After` and `x-ratelimit-reset`.
+        wait_secs: u64,
+    },
     /// No quota applies (switched off), or its Redis did not answer (fail open).
     Unmetered,
 }
 
 impl Verdict {
-    /// Puts the quota's headers on an answer that was let through.
+    /// Puts the quota's headers on an answer: `x-ratelimit-limit` and `-remaining`, and on a
+    /// refusal `Retry-After` and `x-ratelimit-reset` too.
     pub fn annotate(&self, answer: &mut Answer) {
-        if let Self::Allowed { limit, remaining } = self {
-            let mut number = itoa::Buffer::new();
-            answer.push_header(
-                X_RATELIMIT_LIMIT.as_str().as_bytes(),
-                number.format(*limit).as_bytes(),
-            );
-            answer.push_header(
-                X_RATELIMIT_REMAINING.as_str().as_bytes(),
-                number.format(*remaining).as_bytes(),
-            );
+        let mut number = itoa::Buffer::new();
+        let (limit, remaining, wait_secs) = match *self {
+            Self::Allowed { limit, remaining } => (limit, remaining, None),
+            Self::Limited { limit, wait_secs } => (limit, 0, Some(wait_secs)),
+            Self::Unmetered => return,
+        };
+        answer.push_header(X_RATELIMIT_LIMIT, number.format(limit).as_bytes());
+        answer.push_header(X_RATELIMIT_REMAINING, number.format(remaining).as_bytes());
+        if let Some(wait) = wait_secs {
+            answer.push_header(RETRY_AFTER, number.format(wait).as_bytes());
+            answer.push_header(X_RATELIMIT_RESET, number.format(wait).as_bytes());
         }
+    }
+
+    /// The JSON 429 when the request was refused, with the quota's headers.
+    pub async fn refusal(&self) -> Option<Answer> {
+        let Self::Limited { .. } = self else {
+            return None;
+        };
+        let mut answer = Answer::error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests, retry later",
+        )
+        .await;
+        self.annotate(&mut answer);
+        Some(answer)
     }
 }
 
@@ -226,7 +246,11 @@ impl RateLimits {
                 remaining,
             },
             Decision::Limited { retry_after_secs } => {
-                Verdict::Limited(limited_response(spec, retry_after_secs))
+                metrics::counter!("gateway_rate_limited_total", "route" => spec.route).increment(1);
+                Verdict::Limited {
+                    limit: spec.burst,
+                    wait_secs: retry_after_secs.max(1),
+                }
             }
             Decision::Unknown => Verdict::Unmetered,
         }
@@ -239,27 +263,6 @@ pub fn is_purchase(method: &Method, path: &str) -> bool {
         && path
             .strip_prefix("/api/seckill/")
             .is_some_and(|id| !id.is_empty() && !id.contains('/'))
-}
-
-fn set_quota_headers(headers: &mut HeaderMap, limit: u32, remaining: u64) {
-    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
-    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
-}
-
-/// The JSON 429 of `spec`'s quota: come back in `wait_secs` (already rounded up).
-fn limited_response(spec: QuotaSpec, wait_secs: u64) -> Response {
-    metrics::counter!("gateway_rate_limited_total", "route" => spec.route).increment(1);
-    let mut response = error_response(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
-        "too many requests, retry later",
-    );
-    let headers = response.headers_mut();
-    set_quota_headers(headers, spec.burst, 0);
-    let wait = HeaderValue::from(wait_secs.max(1));
-    headers.insert(RETRY_AFTER, wait.clone());
-    headers.insert(X_RATELIMIT_RESET, wait);
-    response
 }
 
 #[cfg(test)]
