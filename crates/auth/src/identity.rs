@@ -95,52 +95,48 @@ impl IdentitySigner {
 
     /// Replaces any identity headers in `headers` with freshly signed ones.
     pub fn sign_into(&self, headers: &mut HeaderMap, user_id: i64, roles: &[String]) {
-        let signed = self.sign(user_id, &join_roles(roles));
-        // `insert` replaces every value a client sent under the name; each of the four is
-        // set, so none of the client's survives.
-        for (name, value) in [USER_ID, USER_ROLES, IDENTITY_TS, IDENTITY_SIG]
-            .into_iter()
-            .zip(signed.values())
-        {
-            match HeaderValue::from_bytes(value) {
-                Ok(value) => {
-                    headers.insert(name, value);
-                }
-                // Digits, hex and plain role names are always valid; were one not, the
-                // client's must still go.
-                Err(_) => {
-                    headers.remove(name);
+        self.sign(user_id, &join_roles(roles), |values| {
+            // `insert` replaces every value a client sent under the name; each of the four
+            // is set, so none of the client's survives.
+            for (name, value) in IDENTITY_HEADERS.into_iter().zip(values) {
+                match HeaderValue::from_bytes(value) {
+                    Ok(value) => {
+                        headers.insert(name, value);
+                    }
+                    // Digits, hex and plain role names are always valid; were one not, the
+                    // client's must still go.
+                    Err(_) => {
+                        headers.remove(name);
+                    }
                 }
             }
-        }
+        });
     }
 
     /// Appends the four identity header lines (`name: value\r\n`) to `out`; `roles` joined
     /// by [`join_roles`]. The caller must not forward any client-sent identity header.
     pub fn write_lines(&self, out: &mut Vec<u8>, user_id: i64, roles: &str) {
-        let signed = self.sign(user_id, roles);
-        for (name, value) in IDENTITY_HEADERS.iter().zip(signed.values()) {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
-        }
+        self.sign(user_id, roles, |values| {
+            for (name, value) in IDENTITY_HEADERS.iter().zip(values) {
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+            }
+        });
     }
 
-    /// The four values for `user_id` and `roles` (already joined), signed now.
-    fn sign(&self, user_id: i64, roles: &str) -> Signed {
+    /// Calls `with` with the four values for `user_id` and `roles` (already joined), signed
+    /// now, in the order of [`IDENTITY_HEADERS`]; they live on the stack, nothing is
+    /// allocated per signature.
+    fn sign(&self, user_id: i64, roles: &str, with: impl FnOnce([&[u8]; 4])) {
         let mut user = itoa::Buffer::new();
         let user = user.format(user_id);
         let mut ts = itoa::Buffer::new();
         let ts = ts.format(chrono::Utc::now().timestamp_millis());
         let mut sig = [0u8; 64];
         seckill_http::write_hex(&self.mac(user, roles, ts).finalize().into_bytes(), &mut sig);
-        Signed {
-            user_id: user.to_owned(),
-            roles: roles.to_owned(),
-            ts: ts.to_owned(),
-            sig,
-        }
+        with([user.as_bytes(), roles.as_bytes(), ts.as_bytes(), &sig]);
     }
 
     /// Reads and checks the identity headers.
@@ -227,25 +223,6 @@ pub fn join_roles(roles: &[String]) -> String {
         .iter()
         .filter(|r| seckill_http::is_plain_token(r.as_bytes()));
     plain.map(String::as_str).collect::<Vec<_>>().join(",")
-}
-
-/// One signature's four header values, in the order of [`IDENTITY_HEADERS`].
-struct Signed {
-    user_id: String,
-    roles: String,
-    ts: String,
-    sig: [u8; 64],
-}
-
-impl Signed {
-    fn values(&self) -> [&[u8]; 4] {
-        [
-            self.user_id.as_bytes(),
-            self.roles.as_bytes(),
-            self.ts.as_bytes(),
-            &self.sig,
-        ]
-    }
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
