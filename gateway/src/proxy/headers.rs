@@ -62,13 +62,14 @@ impl Forward<'_> {
             out.extend_from_slice(previous);
             out.extend_from_slice(b", ");
         }
+        let peer = self.peer.ip().to_canonical();
         // Writing into a Vec cannot fail.
-        let _ = write!(out, "{}\r\n", self.peer.ip().to_canonical());
+        let _ = write!(out, "{peer}\r\n");
         // The gateway listens on plain HTTP; only a trusted proxy in front (which ended TLS)
         // can say the client used https.
         let proto = head
             .value(Kind::ForwardedProto)
-            .filter(|_| self.trusted.trusts(self.peer.ip().to_canonical()))
+            .filter(|_| self.trusted.trusts(peer))
             .filter(|v| *v == b"https" || *v == b"http")
             .unwrap_or(b"http");
         header_line(&mut out, b"x-forwarded-proto", proto);
