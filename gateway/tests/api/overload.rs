@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 use seckill_testkit::eventually;
 
 use crate::echo::{Gateway, settings, spawn_echo, spawn_gateway};
-use crate::helpers::user_token;
+use crate::helpers::{assert_error, user_token};
 
 /// Sends `head` on a raw connection and returns the status line of the answer.
 async fn raw_status_line(gateway: &Gateway, head: &str) -> String {
@@ -104,7 +104,5 @@ async fn a_request_past_its_deadline_gets_504() {
         .send()
         .await
         .expect("request");
-    assert_eq!(response.status(), 504);
-    let body: Value = response.json().await.expect("json");
-    assert_eq!(body["code"], "gateway_timeout");
+    assert_error(response, 504, "gateway_timeout").await;
 }

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::echo::{closed_port_url, seen_headers, settings, spawn_echo, spawn_gateway};
-use crate::helpers::user_token;
+use crate::helpers::{assert_error, user_token};
 
 #[tokio::test]
 async fn a_replica_that_refuses_connections_is_ejected_and_every_request_succeeds() {
@@ -78,9 +78,7 @@ async fn a_replica_slower_than_the_upstream_timeout_gets_a_json_504() {
             .send()
             .await
             .expect("request");
-        assert_eq!(response.status(), 504);
-        let body: Value = response.json().await.expect("json");
-        assert_eq!(body["code"], "gateway_timeout");
+        assert_error(response, 504, "gateway_timeout").await;
         assert_eq!(
             upstream_timeouts().await - before,
             f64::from(round),
