@@ -117,6 +117,14 @@ impl RawClient {
         self.answer_to(false).await
     }
 
+    /// The next answer, which must say `connection: close` and be followed by the close.
+    pub async fn last_answer(&mut self) -> RawAnswer {
+        let answer = self.answer().await;
+        assert!(answer.closes(), "{answer:?} should end the connection");
+        self.closed().await;
+        answer
+    }
+
     /// Waits until the gateway closes the connection, with nothing more said; how long
     /// that took.
     pub async fn closed(&mut self) -> Duration {
