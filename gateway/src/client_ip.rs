@@ -11,6 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+use crate::http1::list_items;
+
 /// The proxies in front of the gateway whose `X-Forwarded-For` entries are believed.
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies(Vec<IpNet>);
@@ -49,8 +51,7 @@ impl TrustedProxies {
         }
         // Several X-Forwarded-For lines form one list, in order; an entry that is not text
         // is garbage like any other.
-        let entries: Vec<&str> = forwarded_for
-            .flat_map(|v| v.split(|&b| b == b','))
+        let entries: Vec<&str> = list_items(forwarded_for)
             .map(|entry| std::str::from_utf8(entry).unwrap_or("?"))
             .collect();
         let mut nearest = peer;
