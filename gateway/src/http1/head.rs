@@ -343,7 +343,8 @@ impl RequestHead {
     pub fn end_to_end(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         let hop_by_hop = HopByHop::of(self.values(Kind::Connection));
         self.fields().filter_map(move |(name, value, kind)| {
-            (kind == Kind::Other && !hop_by_hop.contains(name)).then_some((name, value))
+            // Other is off the fixed list by construction: only Connection can make it one hop.
+            (kind == Kind::Other && !hop_by_hop.named_by_connection(name)).then_some((name, value))
         })
     }
 }
@@ -394,7 +395,13 @@ impl<'a> HopByHop<'a> {
 
     /// Whether the header `name` is one of them.
     pub fn contains(&self, name: &[u8]) -> bool {
-        is_listed(name) || self.named.iter().any(|n| n.eq_ignore_ascii_case(name))
+        is_listed(name) || self.named_by_connection(name)
+    }
+
+    /// Whether `Connection` names the header `name` (for a header already known not to be
+    /// on the fixed list).
+    pub fn named_by_connection(&self, name: &[u8]) -> bool {
+        self.named.iter().any(|n| n.eq_ignore_ascii_case(name))
     }
 }
 
