@@ -120,6 +120,7 @@ async fn drain_rate(opts: &Options) -> f64 {
             product_id: product,
             price_cents: 500,
             created_at: Utc::now(),
+            bucket: None,
         };
         let body = serde_json::to_vec(&msg).expect("json");
         let confirm = channel

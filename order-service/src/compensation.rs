@@ -1,11 +1,12 @@
 //! Giving purchases up: the payment window, cancellations, and putting units back on sale.
 //!
 //! Whatever gives a purchase up changes Postgres first, in one transaction: the order (if
-//! any) becomes `cancelled`, the product's DB stock goes up again, and a row is added to
-//! the `compensations` outbox. The [`Compensator`] then relays each row to Redis
-//! (`compensate.lua`: the unit goes back into the buyer's home bucket, the buyer's marker is
-//! cleared, their result becomes `failed:<reason>`), once per event id however often it
-//! runs, and marks it done. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number
+//! any) becomes `cancelled`, the product's DB stock goes up again, its ledger version moves
+//! on, and a row stamped with that version is added to the `compensations` outbox. The
+//! [`Compensator`] then relays each row to Redis (`seckill_store::ledger::give_back`: the
+//! buyer's marker is cleared, their result becomes `failed:<reason>`, and the unit goes back
+//! into the bucket it came from unless a load already counted it), once per event id however
+//! often it runs, and marks it done. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number
 //! of replicas relay without doing one twice at the same time, and a failed one waits out
 //! an exponential backoff. Nothing waits on Redis inside the request or the sweep that
 //! decided it, and nothing is lost if Redis is down: the row waits.
@@ -15,11 +16,11 @@
 
 use std::time::Duration;
 
-use redis::Script;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use seckill_store::{Redis, RedisKeys, home_bucket};
+use seckill_store::ledger::{self, GiveUp};
+use seckill_store::{Redis, RedisKeys};
 
 /// The reason a cancelled order's buyer sees.
 pub const REASON_CANCELLED: &str = "cancelled";
@@ -35,42 +36,70 @@ pub async fn cancel_orders(
     user_id: Option<i64>,
     reason: &str,
 ) -> Result<Vec<i64>, sqlx::Error> {
-    let given_up: Vec<(i64, uuid::Uuid, i64, i64)> = sqlx::query_as(
+    let given_up: Vec<(i64, uuid::Uuid, i64, i64, Option<i16>)> = sqlx::query_as(
         "UPDATE orders SET status = 'cancelled', cancelled_at = now(), cancel_reason = $3 \
          WHERE id = ANY($1) AND status = 'created' AND ($2::bigint IS NULL OR user_id = $2) \
-         RETURNING id, request_id, user_id, product_id",
+         RETURNING id, request_id, user_id, product_id, bucket",
     )
     .bind(order_ids)
     .bind(user_id)
     .bind(reason)
     .fetch_all(&mut *conn)
     .await?;
-    // Product rows in ascending id order, as every writer of orders locks them: two sweeps
-    // (or a sweep and a batch of new orders) wait for each other instead of deadlocking.
     let mut units: std::collections::BTreeMap<i64, i32> = Default::default();
-    for (_, _, _, product_id) in &given_up {
+    for (_, _, _, product_id, _) in &given_up {
         *units.entry(*product_id).or_default() += 1;
     }
-    for (product_id, count) in units {
-        sqlx::query("UPDATE products SET stock_remaining = stock_remaining + $2 WHERE id = $1")
-            .bind(product_id)
-            .bind(count)
-            .execute(&mut *conn)
-            .await?;
-    }
+    let versions = give_up_units(conn, &units).await?;
     sqlx::query(
-        "INSERT INTO compensations (event_id, user_id, product_id, reason) \
-         SELECT g.request_id::text, g.user_id, g.product_id, $4 \
-         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS g(request_id, user_id, product_id) \
+        "INSERT INTO compensations (event_id, user_id, product_id, reason, ledger_version, bucket) \
+         SELECT g.request_id::text, g.user_id, g.product_id, $5, g.version, g.bucket \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::smallint[], $6::bigint[]) \
+           AS g(request_id, user_id, product_id, bucket, version) \
          ON CONFLICT (event_id) DO NOTHING",
     )
     .bind(given_up.iter().map(|g| g.1).collect::<Vec<_>>())
     .bind(given_up.iter().map(|g| g.2).collect::<Vec<_>>())
     .bind(given_up.iter().map(|g| g.3).collect::<Vec<_>>())
+    .bind(given_up.iter().map(|g| g.4).collect::<Vec<_>>())
     .bind(reason)
+    .bind(
+        given_up
+            .iter()
+            .map(|g| versions.get(&g.3).copied())
+            .collect::<Vec<_>>(),
+    )
     .execute(&mut *conn)
     .await?;
     Ok(given_up.into_iter().map(|g| g.0).collect())
+}
+
+/// Gives units of each product up in the caller's transaction: `units[product]` go back into
+/// its database stock (0 for purchases that never took any), and its ledger version moves on
+/// (see `seckill_store::ledger`). Returns each product's new version, which the give-ups'
+/// compensations carry.
+///
+/// Product rows are locked in ascending id order, as every writer of orders locks them: two
+/// sweeps (or a sweep and a batch of new orders) wait for each other instead of deadlocking.
+pub async fn give_up_units(
+    conn: &mut PgConnection,
+    units: &std::collections::BTreeMap<i64, i32>,
+) -> Result<std::collections::HashMap<i64, i64>, sqlx::Error> {
+    let mut versions = std::collections::HashMap::with_capacity(units.len());
+    for (&product_id, &count) in units {
+        let version: Option<i64> = sqlx::query_scalar(
+            "UPDATE products SET stock_remaining = stock_remaining + $2, \
+             ledger_version = ledger_version + 1 WHERE id = $1 RETURNING ledger_version",
+        )
+        .bind(product_id)
+        .bind(count)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(version) = version {
+            versions.insert(product_id, version);
+        }
+    }
+    Ok(versions)
 }
 
 /// Cancels up to `limit` orders whose payment window has passed; returns how many.
@@ -120,6 +149,9 @@ struct Due {
     restock: bool,
     attempts: i32,
     buckets: Option<i16>,
+    ledger_version: Option<i64>,
+    bucket: Option<i16>,
+    order_id: Option<i64>,
 }
 
 impl Compensator {
@@ -166,8 +198,11 @@ impl Compensator {
         let mut tx = self.db.begin().await?;
         let due: Vec<Due> = sqlx::query_as(
             "SELECT c.event_id, c.user_id, c.product_id, c.reason, c.restock, c.attempts, \
-                    p.stock_buckets AS buckets \
+                    p.stock_buckets AS buckets, c.ledger_version, c.bucket, o.id AS order_id \
              FROM compensations c LEFT JOIN products p ON p.id = c.product_id \
+             LEFT JOIN orders o ON o.request_id = CASE \
+               WHEN c.event_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' \
+               THEN c.event_id::uuid END \
              WHERE c.done_at IS NULL AND c.due_at <= now() \
              ORDER BY c.due_at LIMIT $1 FOR UPDATE OF c SKIP LOCKED",
         )
@@ -208,62 +243,25 @@ impl Compensator {
         Ok(done)
     }
 
-    /// The Redis side of one compensation; see `compensate.lua`. Returns its outcome.
+    /// The Redis side of one compensation (see `seckill_store::ledger`); its outcome.
     async fn put_back(&self, row: &Due) -> Result<&'static str, redis::RedisError> {
-        let buckets = row.buckets.and_then(|b| u16::try_from(b).ok()).unwrap_or(1);
-        let home = home_bucket(row.user_id, buckets);
-        let id = row.product_id;
-        let mut conn = self.redis.get().await?;
-        let outcome: i64 = compensate_script()
-            .key(self.keys.stock(id, home))
-            .key(self.keys.buyers(id, home))
-            .key(self.keys.results(id, home))
-            .key(self.keys.returned(id, home))
-            .arg(row.user_id)
-            .arg(&row.event_id)
-            .arg(format!("failed:{}", row.reason))
-            .arg(if row.restock { "1" } else { "0" })
-            .invoke_async(&mut conn)
-            .await?;
-        if !row.restock {
-            return Ok(if outcome == 0 {
-                "already_returned"
-            } else {
-                "buyer_released"
-            });
-        }
-        // Units are on sale again: a sweep that started before must not raise the sold-out
-        // flag over them (see seckill-api's sold_out.lua), and a raised flag comes down.
-        // Done even when the script found the event already compensated, in case an
-        // earlier run died between the two steps.
-        let _: i64 = reopen_script()
-            .key(self.keys.product_state(id))
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(match outcome {
-            1 => "returned",
-            2 => "bucket_not_loaded",
-            _ => "already_returned",
-        })
-    }
-}
-
-fn compensate_script() -> &'static Script {
-    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(include_str!("compensate.lua")))
-}
-
-/// Bumps the product's generation and lowers its sold-out flag; a state hash that did not
-/// exist gets a day's lifetime (seckill-api sets its own when it raises the flag).
-fn reopen_script() -> &'static Script {
-    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        Script::new(
-            "local existed = redis.call('EXISTS', KEYS[1]) \
-             redis.call('HINCRBY', KEYS[1], 'gen', 1) \
-             redis.call('HDEL', KEYS[1], 'sold_out') \
-             if existed == 0 then redis.call('PEXPIRE', KEYS[1], 86400000) end \
-             return 1",
+        let result = format!("failed:{}", row.reason);
+        let outcome = ledger::give_back(
+            &self.redis,
+            &self.keys,
+            &GiveUp {
+                product_id: row.product_id,
+                buckets: row.buckets.and_then(|b| u16::try_from(b).ok()).unwrap_or(1),
+                user_id: row.user_id,
+                event_id: &row.event_id,
+                order_id: row.order_id,
+                origin: row.bucket.and_then(|b| u16::try_from(b).ok()),
+                version: row.ledger_version,
+                restock: row.restock,
+                result: &result,
+            },
         )
-    })
+        .await?;
+        Ok(outcome.as_str())
+    }
 }

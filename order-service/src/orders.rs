@@ -93,8 +93,9 @@ pub async fn record(
 ) -> Result<Recorded, sqlx::Error> {
     let mut tx = begin(db, options.lock_timeout).await?;
     let inserted: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
-        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, pay_by) \
-         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::double precision)) \
+        "INSERT INTO orders \
+           (request_id, user_id, product_id, price_cents, accepted_at, pay_by, bucket) \
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::double precision), $7) \
          ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(msg.request_id)
@@ -103,6 +104,7 @@ pub async fn record(
     .bind(msg.price_cents)
     .bind(msg.created_at)
     .bind(options.window_secs())
+    .bind(bucket_column(msg))
     .fetch_optional(&mut *tx)
     .await;
     let order_id = match inserted {
@@ -204,6 +206,7 @@ async fn try_batch(
     let product_ids: Vec<i64> = msgs.iter().map(|m| m.product_id).collect();
     let prices: Vec<i64> = msgs.iter().map(|m| m.price_cents).collect();
     let accepted: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.created_at).collect();
+    let buckets: Vec<Option<i16>> = msgs.iter().map(bucket_column).collect();
     let mut tx = begin(db, options.lock_timeout).await?;
     // ON CONFLICT without a target skips a row that hits any unique index: a redelivered
     // purchase, a second live order of one user, or a duplicate inside this very batch.
@@ -212,10 +215,12 @@ async fn try_batch(
     // batches sharing redelivered purchases queue behind each other instead of deadlocking
     // (which would send both to a retry tier for nothing).
     let inserted: Result<Vec<(i64, uuid::Uuid, i64)>, sqlx::Error> = sqlx::query_as(
-        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, pay_by) \
+        "INSERT INTO orders \
+           (request_id, user_id, product_id, price_cents, accepted_at, bucket, pay_by) \
          SELECT m.*, now() + make_interval(secs => $6::double precision) \
-         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[]) \
-           AS m(request_id, user_id, product_id, price_cents, accepted_at) \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[], \
+                     $7::smallint[]) \
+           AS m(request_id, user_id, product_id, price_cents, accepted_at, bucket) \
          ORDER BY m.user_id, m.product_id, m.request_id \
          ON CONFLICT DO NOTHING RETURNING id, request_id, product_id",
     )
@@ -225,6 +230,7 @@ async fn try_batch(
     .bind(&prices)
     .bind(&accepted)
     .bind(options.window_secs())
+    .bind(&buckets)
     .fetch_all(&mut *tx)
     .await;
     let inserted = match inserted {
@@ -306,6 +312,11 @@ async fn try_batch(
     }
     tx.commit().await?;
     Ok(Some(outcomes))
+}
+
+/// The message's origin bucket as the `orders.bucket` column stores it.
+fn bucket_column(msg: &OrderMessage) -> Option<i16> {
+    msg.bucket.and_then(|b| i16::try_from(b).ok())
 }
 
 /// Begins a transaction whose lock waits give up after `lock_timeout`.

@@ -589,14 +589,31 @@ pub async fn ignore(
         .fetch_all(&mut *tx)
         .await?;
         let given_up = tombstones(&mut tx, &ignored).await?;
+        // No database stock comes back (these purchases never took any), but the ledger
+        // version moves on, so a load of the stock tells these give-ups apart.
+        let products = given_up
+            .iter()
+            .map(|(_, product, _)| (*product, 0))
+            .collect();
+        let versions = crate::compensation::give_up_units(&mut tx, &products).await?;
         let compensated = sqlx::query(
-            "INSERT INTO compensations (event_id, user_id, product_id, reason, restock) \
-             SELECT d.event_id, d.user_id, d.product_id, d.error_code, d.error_code <> $2 \
-             FROM dead_letters d WHERE d.event_id = ANY($1) \
+            "INSERT INTO compensations \
+               (event_id, user_id, product_id, reason, restock, ledger_version, bucket) \
+             SELECT d.event_id, d.user_id, d.product_id, d.error_code, d.error_code <> $2, \
+                    g.version, g.bucket \
+             FROM unnest($1::text[], $3::bigint[], $4::smallint[]) AS g(event_id, version, bucket) \
+             JOIN dead_letters d ON d.event_id = g.event_id \
              ON CONFLICT (event_id) DO NOTHING",
         )
-        .bind(&given_up)
+        .bind(given_up.iter().map(|g| g.0.clone()).collect::<Vec<_>>())
         .bind(OUT_OF_STOCK)
+        .bind(
+            given_up
+                .iter()
+                .map(|g| versions.get(&g.1).copied())
+                .collect::<Vec<_>>(),
+        )
+        .bind(given_up.iter().map(|g| g.2).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -626,7 +643,8 @@ const OUT_OF_STOCK: &str = "out_of_stock";
 
 /// Writes a cancelled order (reason: the entry's error code) for each purchase among
 /// `event_ids` whose body parses, whose product exists and that has no order yet; returns
-/// the event ids it wrote one for — exactly the purchases being given up.
+/// the event id, product and origin bucket of each it wrote one for — exactly the purchases
+/// being given up.
 ///
 /// The cancelled order is what makes giving up final: a copy of the purchase still on its
 /// way (in a retry tier, redriven a moment ago, or being written by a consumer right now)
@@ -636,7 +654,7 @@ const OUT_OF_STOCK: &str = "out_of_stock";
 async fn tombstones(
     tx: &mut sqlx::PgConnection,
     event_ids: &[String],
-) -> Result<Vec<String>, sqlx::Error> {
+) -> Result<Vec<(String, i64, Option<i16>)>, sqlx::Error> {
     let rows: Vec<(String, Vec<u8>, String)> = sqlx::query_as(
         "SELECT event_id, body, error_code FROM dead_letters \
          WHERE event_id = ANY($1) AND user_id IS NOT NULL",
@@ -655,23 +673,45 @@ async fn tombstones(
     purchases.sort_by_key(|(m, _)| (m.user_id, m.product_id, m.request_id));
     let column =
         |f: fn(&(OrderMessage, String)) -> i64| purchases.iter().map(f).collect::<Vec<_>>();
-    sqlx::query_scalar(
+    sqlx::query_as(
         "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, \
-                             status, cancelled_at, cancel_reason) \
+                             status, cancelled_at, cancel_reason, bucket) \
          SELECT m.request_id, m.user_id, m.product_id, m.price_cents, m.accepted_at, \
-                'cancelled', now(), m.reason \
+                'cancelled', now(), m.reason, m.bucket \
          FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[], \
-                     $6::text[]) AS m(request_id, user_id, product_id, price_cents, accepted_at, reason) \
+                     $6::text[], $7::smallint[]) \
+           AS m(request_id, user_id, product_id, price_cents, accepted_at, reason, bucket) \
          WHERE EXISTS (SELECT 1 FROM products p WHERE p.id = m.product_id) \
          ORDER BY m.user_id, m.product_id, m.request_id \
-         ON CONFLICT DO NOTHING RETURNING request_id::text",
+         ON CONFLICT DO NOTHING RETURNING request_id::text, product_id, bucket",
     )
-    .bind(purchases.iter().map(|(m, _)| m.request_id).collect::<Vec<_>>())
+    .bind(
+        purchases
+            .iter()
+            .map(|(m, _)| m.request_id)
+            .collect::<Vec<_>>(),
+    )
     .bind(column(|(m, _)| m.user_id))
     .bind(column(|(m, _)| m.product_id))
     .bind(column(|(m, _)| m.price_cents))
-    .bind(purchases.iter().map(|(m, _)| m.created_at).collect::<Vec<_>>())
-    .bind(purchases.iter().map(|(_, code)| code.clone()).collect::<Vec<_>>())
+    .bind(
+        purchases
+            .iter()
+            .map(|(m, _)| m.created_at)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        purchases
+            .iter()
+            .map(|(_, code)| code.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        purchases
+            .iter()
+            .map(|(m, _)| m.bucket.and_then(|b| i16::try_from(b).ok()))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *tx)
     .await
 }
@@ -791,6 +831,7 @@ mod tests {
             product_id: 9,
             price_cents: 100,
             created_at: Utc::now(),
+            bucket: None,
         };
         let body = serde_json::to_vec(&msg).unwrap();
         let arrival = Arrival::from_message(&body, &BasicProperties::default());

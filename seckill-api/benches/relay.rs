@@ -268,6 +268,7 @@ fn entries(n: usize) -> Vec<Entry> {
                 product_id: PRODUCT,
                 price_cents: 99_900,
                 created_at: now,
+                bucket: None,
             };
             Entry {
                 request_id: request_id.to_string(),

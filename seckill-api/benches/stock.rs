@@ -505,6 +505,7 @@ impl EvalSha {
             product_id: FAKE_PRODUCT,
             price_cents: 99_900,
             created_at: now,
+            bucket: None,
         })?;
         let address = ns.redis_url.trim_start_matches("redis://");
         let address = address.split('/').next().unwrap_or(address);

@@ -31,6 +31,10 @@ pub struct OrderMessage {
     pub price_cents: i64,
     /// When seckill-api accepted it.
     pub created_at: DateTime<Utc>,
+    /// The stock bucket whose unit it took, so a load from Postgres knows which bucket sold
+    /// it (absent in messages of older versions: the buyer's home bucket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u16>,
 }
 
 /// AMQP header carrying the request id of the HTTP request that produced the message.
@@ -73,6 +77,7 @@ mod tests {
             product_id: 2,
             price_cents: 300,
             created_at: DateTime::from_timestamp(0, 0).expect("epoch"),
+            bucket: Some(3),
         };
         let value = serde_json::to_value(&msg).expect("serialize");
         let mut keys: Vec<_> = value.as_object().expect("object").keys().cloned().collect();
@@ -80,6 +85,7 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "bucket",
                 "created_at",
                 "price_cents",
                 "product_id",
@@ -89,5 +95,13 @@ mod tests {
         );
         let back: OrderMessage = serde_json::from_value(value).expect("deserialize");
         assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn a_message_without_a_bucket_still_parses() {
+        let older = r#"{"request_id":"00000000-0000-0000-0000-000000000000","user_id":1,
+            "product_id":2,"price_cents":300,"created_at":"1970-01-01T00:00:00Z"}"#;
+        let msg: OrderMessage = serde_json::from_str(older).expect("deserialize");
+        assert_eq!(msg.bucket, None);
     }
 }

@@ -49,10 +49,11 @@ impl RedisKeys {
         self.bucket(product_id, bucket, "outbox")
     }
 
-    /// Set of event ids whose unit was put back into this bucket (a cancelled or given-up
-    /// purchase), so each is returned once however often its compensation runs.
-    pub fn returned(&self, product_id: i64, bucket: u16) -> String {
-        self.bucket(product_id, bucket, "returned")
+    /// Hash event id → ledger version, of given-up purchases whose unit came back to this
+    /// bucket, so each is returned once however often its compensation runs, and a load can
+    /// tell which of them its snapshot already counted (see [`crate::ledger`]).
+    pub fn returns(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "returns")
     }
 
     /// Hash user id → [`crate::PurchaseResult`] text, for the users homed in this bucket.
@@ -129,7 +130,7 @@ mod tests {
             keys.takers(9, 3),
             keys.outbox(9, 3),
             keys.results(9, 3),
-            keys.returned(9, 3),
+            keys.returns(9, 3),
         ] {
             assert!(key.starts_with("t1:{p9.b3}:"), "{key}");
         }

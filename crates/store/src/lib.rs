@@ -4,10 +4,12 @@
 //! Layout:
 //! - [`postgres`] — connect with retry, create the configured database, run migrations.
 //! - [`keys`] — every Redis key, namespaced, with one hash tag per product.
+//! - [`ledger`] — what buyer markers say, and how a given-up purchase goes back into Redis.
 //! - [`result`] — the buyer-visible purchase result as stored in Redis.
 //! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster.
 
 pub mod keys;
+pub mod ledger;
 pub mod postgres;
 pub mod probes;
 pub mod redis_handle;

@@ -7,7 +7,7 @@ use serde_json::Value;
 use seckill_testkit::eventually;
 
 use crate::helpers::{
-    Platform, admin_token, assert_error, spawn_platform, spawn_platform_with, user_token,
+    admin_token, assert_error, settled, spawn_platform, spawn_platform_with, user_token,
 };
 
 #[tokio::test]
@@ -159,20 +159,6 @@ async fn order_service_admin_routes_are_reachable_by_admins_only() {
     let response = platform.get("/admin/dlq", &user_token(7)).await;
     assert_error(response, 403, "forbidden").await;
     platform.shutdown().await;
-}
-
-/// Polls the buyer's result until it is no longer `queued`.
-async fn settled(platform: &Platform, product: i64, token: &str) -> Value {
-    eventually("result settled", Duration::from_secs(30), || async {
-        let body: Value = platform
-            .get(&format!("/api/seckill/{product}/result"), token)
-            .await
-            .json()
-            .await
-            .ok()?;
-        (body["status"] != "queued").then_some(body)
-    })
-    .await
 }
 
 #[tokio::test]

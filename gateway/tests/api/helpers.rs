@@ -1,6 +1,8 @@
 //! `spawn_platform()`: seckill-api, order-service and the gateway in-process, in a private
 //! namespace, on port 0 each.
 
+use std::time::Duration;
+
 use chrono::{Duration as ChronoDuration, Utc};
 use reqwest::Response;
 use serde_json::{Value, json};
@@ -8,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_auth::mint_token;
 use seckill_config::Secret;
-use seckill_testkit::{INTERNAL_KEY, JWT_SECRET, TestNamespace};
+use seckill_testkit::{INTERNAL_KEY, JWT_SECRET, TestNamespace, eventually};
 
 pub struct Platform {
     pub gateway: String,
@@ -111,6 +113,103 @@ impl Platform {
         body["id"].as_i64().expect("id")
     }
 
+    /// Creates a product on sale for the next hour whose stock is split into `buckets`.
+    pub async fn create_product_in_buckets(&self, stock: i32, buckets: i16) -> i64 {
+        let start = Utc::now() - ChronoDuration::seconds(60);
+        let response = self
+            .client
+            .post(format!("{}/admin/products", self.gateway))
+            .bearer_auth(admin_token())
+            .json(&json!({
+                "name": "bucketed product",
+                "price_cents": 2500,
+                "stock": stock,
+                "buckets": buckets,
+                "start_at": start,
+                "end_at": start + ChronoDuration::hours(1),
+            }))
+            .send()
+            .await
+            .expect("create product");
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.expect("json");
+        body["id"].as_i64().expect("id")
+    }
+
+    /// The product's bucket count, from Postgres.
+    pub async fn buckets(&self, product: i64) -> u16 {
+        let db = self.ns.db().await;
+        let buckets: i16 = sqlx::query_scalar("SELECT stock_buckets FROM products WHERE id = $1")
+            .bind(product)
+            .fetch_one(&db)
+            .await
+            .expect("stock_buckets");
+        db.close().await;
+        u16::try_from(buckets).expect("positive")
+    }
+
+    /// Removes what Redis holds of the product's sale (every key but the outbox streams),
+    /// as an expiry would: the next purchase loads the stock again from Postgres.
+    pub async fn forget_stock(&self, product: i64) {
+        let keys = self.ns.keys();
+        let mut redis = self.ns.redis().await;
+        let mut doomed = vec![keys.product_state(product), keys.load_lock(product)];
+        for bucket in 0..self.buckets(product).await {
+            doomed.extend([
+                keys.stock(product, bucket),
+                keys.buyers(product, bucket),
+                keys.takers(product, bucket),
+                keys.results(product, bucket),
+                keys.returns(product, bucket),
+            ]);
+        }
+        // One key per command: on a Redis Cluster the keys live in different slots.
+        for key in doomed {
+            let _: i64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut redis)
+                .await
+                .expect("del");
+        }
+    }
+
+    /// Units left in Redis over all buckets.
+    pub async fn redis_remaining(&self, product: i64) -> i64 {
+        let mut redis = self.ns.redis().await;
+        let mut total = 0;
+        for bucket in 0..self.buckets(product).await {
+            let units: Option<i64> = redis::cmd("HGET")
+                .arg(self.ns.keys().stock(product, bucket))
+                .arg("remaining")
+                .query_async(&mut redis)
+                .await
+                .expect("hget");
+            total += units.unwrap_or(0);
+        }
+        total
+    }
+
+    /// Relays every due compensation now, as order-service's relay would on its next round
+    /// (tests that need to choose that moment give the platform a long poll interval).
+    pub async fn relay_compensations(&self) -> usize {
+        let settings = self.ns.backend_settings();
+        let compensator = order_service::compensation::Compensator {
+            db: self.ns.db().await,
+            redis: seckill_store::Redis::new(
+                settings.redis_url.expose(),
+                settings.redis_cluster,
+                1,
+            )
+            .expect("redis"),
+            keys: self.ns.keys(),
+            poll: Duration::from_millis(50),
+            batch: 100,
+        };
+        let relayed = compensator.relay_due().await.expect("relay compensations");
+        compensator.db.close().await;
+        relayed
+    }
+
     pub async fn buy(&self, product: impl std::fmt::Display, token: &str) -> Response {
         self.client
             .post(format!("{}/api/seckill/{product}", self.gateway))
@@ -153,4 +252,18 @@ pub async fn assert_error(response: Response, status: u16, code: &str) {
     assert_eq!(response.status(), status);
     let body: Value = response.json().await.expect("error body is JSON");
     assert_eq!(body["code"], code, "body: {body}");
+}
+
+/// Polls the buyer's result until it is no longer `queued`.
+pub async fn settled(platform: &Platform, product: i64, token: &str) -> Value {
+    eventually("result settled", Duration::from_secs(30), || async {
+        let body: Value = platform
+            .get(&format!("/api/seckill/{product}/result"), token)
+            .await
+            .json()
+            .await
+            .ok()?;
+        (body["status"] != "queued").then_some(body)
+    })
+    .await
 }

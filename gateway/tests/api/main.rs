@@ -10,6 +10,7 @@ mod echo;
 mod framing;
 mod helpers;
 mod keepalive;
+mod ledger;
 mod overload;
 mod ratelimit;
 mod raw;

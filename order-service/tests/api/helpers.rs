@@ -79,6 +79,7 @@ impl TestApp {
             product_id,
             price_cents: 500,
             created_at: Utc::now(),
+            bucket: None,
         }
     }
 

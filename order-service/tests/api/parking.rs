@@ -500,7 +500,8 @@ async fn a_given_up_purchase_whose_sweep_never_settled_releases_its_buyer() {
     })
     .await;
     // User 8 bought the last unit through a sweep whose settle answer was lost: the home
-    // bucket still holds the sweep's reservation, not a marker naming the purchase.
+    // bucket still holds the sweep's reservation (which names the purchase it was for), not
+    // the marker the settle would have written.
     let product = app.product(1).await;
     let purchase = app.message(product, 8);
     sold_in_redis(&app, product, &[(8, purchase.request_id.to_string())]).await;
@@ -508,7 +509,11 @@ async fn a_given_up_purchase_whose_sweep_never_settled_releases_its_buyer() {
     let _: () = redis::cmd("HSET")
         .arg(app.ns.keys().buyers(product, 0))
         .arg(8)
-        .arg(format!("r:{}", Utc::now().timestamp_millis() - 60_000))
+        .arg(format!(
+            "r:{}:{}",
+            Utc::now().timestamp_millis() - 60_000,
+            purchase.request_id
+        ))
         .query_async(&mut redis)
         .await
         .expect("reservation");

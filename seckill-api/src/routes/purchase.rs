@@ -163,8 +163,8 @@ async fn decide(
         product_id,
         price_cents: product.price_cents,
         created_at: now,
+        bucket: None,
     };
-    let payload = serde_json::to_string(&message).map_err(anyhow::Error::from)?;
     let http_request_id = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
@@ -175,7 +175,7 @@ async fn decide(
             product: &product,
             user_id: identity.user_id,
             request_id,
-            payload: &payload,
+            message: &message,
             http_request_id,
         })
         .await?;

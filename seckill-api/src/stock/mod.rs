@@ -39,13 +39,17 @@
 //!
 //! # Loading
 //! Stock is not preloaded. A purchase that finds its bucket missing takes the product's load
-//! lock (`SET NX PX` with a random token, TTL shorter than the request deadline), loads the
-//! remaining units (`stock_total - live orders`) split over the buckets and each existing
-//! buyer's marker into their home bucket, with a script that refuses to overwrite a loaded
-//! bucket, and releases the lock by compare-and-delete. Others wait with jittered backoff,
-//! bounded by `load_wait_ms`. A bucket's share only shrinks as orders grow, so finishing a
-//! half-done load later can never put back a unit that was sold. Bucket keys expire an hour
-//! after the sale ends plus a random spread (no expiry storm); the outbox never expires.
+//! lock (`SET NX PX` with a random token, TTL shorter than the request deadline), reads one
+//! Postgres snapshot (the product's ledger version and every purchase holding a unit: live
+//! orders, and dead letters not given up), and fills each missing bucket with a script that
+//! refuses to overwrite a loaded one, then releases the lock by compare-and-delete. Others
+//! wait with jittered backoff, bounded by `load_wait_ms`. A bucket gets its share of the
+//! total less the purchases whose unit came from it, so a load that died half-way is
+//! finished later without counting one bucket's sales against another; units given back
+//! after the snapshot are added from the bucket's returns hash (`seckill_store::ledger`
+//! has the argument). Bucket keys expire an hour after the sale ends plus a random spread
+//! (no expiry storm), the product's state hash no earlier than its buckets; the outbox never
+//! expires.
 
 use std::time::{Duration, Instant};
 
@@ -54,10 +58,14 @@ use redis::Script;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use seckill_messaging::OrderMessage;
 use seckill_store::{Redis, RedisKeys, home_bucket};
+
+mod snapshot;
 
 use crate::catalog::Product;
 use crate::error::ApiError;
+use snapshot::Snapshot;
 
 /// How one purchase attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +96,8 @@ pub struct PurchaseRequest<'a> {
     pub user_id: i64,
     /// The purchase id.
     pub request_id: Uuid,
-    /// The order message body to put in the outbox.
-    pub payload: &'a str,
+    /// The order message to put in the outbox (its bucket is set where the unit is taken).
+    pub message: &'a OrderMessage,
     /// The HTTP request id, kept with the intent for tracing.
     pub http_request_id: &'a str,
 }
@@ -115,6 +123,7 @@ struct Scripts {
     sold_out: Script,
     load: Script,
     window: Script,
+    extend: Script,
     unlock: Script,
 }
 
@@ -165,6 +174,7 @@ impl StockEngine {
                 sold_out: Script::new(include_str!("sold_out.lua")),
                 load: Script::new(include_str!("load.lua")),
                 window: Script::new(include_str!("window.lua")),
+                extend: Script::new(include_str!("extend.lua")),
                 unlock: Script::new(include_str!("unlock.lua")),
             }),
             timings,
@@ -194,8 +204,9 @@ impl StockEngine {
     async fn try_home(&self, req: &PurchaseRequest<'_>, home: u16) -> Result<Home, ApiError> {
         let id = req.product.id;
         let started = Instant::now();
-        let mut conn = self.redis.get().await?;
         let stale = self.timings.sweep_fence + self.timings.skew_margin;
+        let payload = payload(req, home)?;
+        let mut conn = self.redis.get().await?;
         let invoked: redis::RedisResult<(i64, String)> = self
             .scripts
             .purchase
@@ -205,7 +216,7 @@ impl StockEngine {
             .key(self.keys.results(id, home))
             .arg(req.user_id)
             .arg(req.request_id.to_string())
-            .arg(req.payload)
+            .arg(payload)
             .arg(req.http_request_id)
             .arg(stale.as_millis() as u64)
             .invoke_async(&mut conn)
@@ -268,6 +279,7 @@ impl StockEngine {
             .key(self.keys.buyers(id, home))
             .key(self.keys.stock(id, home))
             .arg(req.user_id)
+            .arg(req.request_id.to_string())
             .invoke_async(&mut conn)
             .await?;
         drop(conn);
@@ -275,7 +287,7 @@ impl StockEngine {
         if reserved_at < 0 {
             return Ok(Decision::AlreadyPurchased);
         }
-        let reservation = format!("r:{reserved_at}");
+        let reservation = format!("r:{reserved_at}:{}", req.request_id);
         let buckets = product.buckets();
         let start = rand::random_range(0..buckets);
         for step in 0..buckets {
@@ -335,6 +347,7 @@ impl StockEngine {
         reserved_at: i64,
     ) -> Result<i64, ApiError> {
         let id = req.product.id;
+        let payload = payload(req, bucket)?;
         let started = Instant::now();
         let mut conn = self.redis.get().await?;
         let invoked: redis::RedisResult<i64> = self
@@ -345,7 +358,7 @@ impl StockEngine {
             .key(self.keys.outbox(id, bucket))
             .arg(req.user_id)
             .arg(req.request_id.to_string())
-            .arg(req.payload)
+            .arg(payload)
             .arg(req.http_request_id)
             .arg(reserved_at)
             .arg(self.timings.sweep_fence.as_millis() as u64)
@@ -415,7 +428,12 @@ impl StockEngine {
         reservation: &str,
     ) -> Result<bool, ApiError> {
         let id = req.product.id;
-        let reserved_at = reservation.trim_start_matches("r:");
+        // `r:<ms>:<request id>` (see seckill_store::ledger); the takers hash holds `<ms>:<id>`.
+        let reserved_at = reservation
+            .trim_start_matches("r:")
+            .split(':')
+            .next()
+            .unwrap_or_default();
         let prefix = format!("{reserved_at}:");
         metrics::counter!("seckill_abandoned_reservations_total").increment(1);
         for bucket in 0..req.product.buckets() {
@@ -522,13 +540,26 @@ impl StockEngine {
                 .key(self.keys.buyers(id, bucket))
                 .key(self.keys.takers(id, bucket))
                 .key(self.keys.results(id, bucket))
-                .key(self.keys.returned(id, bucket))
+                .key(self.keys.returns(id, bucket))
                 .arg(product.start_at.timestamp_millis())
                 .arg(product.end_at.timestamp_millis())
                 .arg(expire_at_ms(product))
                 .invoke_async(&mut conn)
                 .await?;
         }
+        self.extend_state(product).await
+    }
+
+    /// Makes the product's state hash live at least as long as its buckets may.
+    async fn extend_state(&self, product: &Product) -> Result<(), ApiError> {
+        let mut conn = self.redis.get().await?;
+        let _: i64 = self
+            .scripts
+            .extend
+            .key(self.keys.product_state(product.id))
+            .arg(expire_at_ms(product) + EXPIRY_SPREAD.as_millis() as i64)
+            .invoke_async(&mut conn)
+            .await?;
         Ok(())
     }
 
@@ -596,21 +627,28 @@ impl StockEngine {
     /// Loads every missing bucket from Postgres. Called under the lock.
     async fn load(&self, product: &Product) -> Result<(), ApiError> {
         let started = Instant::now();
-        let buyers: Vec<i64> = sqlx::query_scalar(
-            "SELECT user_id FROM orders WHERE product_id = $1 AND status <> 'cancelled'",
-        )
-        .bind(product.id)
-        .fetch_all(&self.db)
-        .await?;
-        let remaining = (i64::from(product.stock_total) - buyers.len() as i64).max(0);
-        let buckets = product.buckets();
-        let mut homed: Vec<Vec<i64>> = vec![Vec::new(); usize::from(buckets)];
-        for buyer in buyers {
-            homed[usize::from(home_bucket(buyer, buckets))].push(buyer);
+        let snapshot = Snapshot::read(&self.db, product).await?;
+        let loaded_now = self.fill(product, &snapshot).await?;
+        if loaded_now > 0 {
+            self.catch_up_window(product).await?;
+            tracing::info!(
+                product_id = product.id,
+                held = snapshot.held.len(),
+                version = snapshot.version,
+                loaded_now,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "stock loaded into redis"
+            );
+            metrics::counter!("seckill_stock_loads_total").increment(1);
         }
+        Ok(())
+    }
+
+    /// Writes every bucket not yet in Redis from `snapshot`; returns how many it wrote.
+    async fn fill(&self, product: &Product, snapshot: &Snapshot) -> Result<i64, ApiError> {
         let mut conn = self.redis.get().await?;
         let mut loaded_now = 0;
-        for (bucket, buyers) in (0..buckets).zip(&homed) {
+        for bucket in 0..product.buckets() {
             // Register the outbox (and its consumer group) before any unit can be sold, so
             // the relay knows every stream that can hold an accepted purchase.
             let outbox = self.keys.outbox(product.id, bucket);
@@ -624,41 +662,31 @@ impl StockEngine {
             invocation
                 .key(self.keys.stock(product.id, bucket))
                 .key(self.keys.buyers(product.id, bucket))
-                .arg(share(remaining, buckets, bucket))
+                .key(self.keys.results(product.id, bucket))
+                .key(self.keys.returns(product.id, bucket))
+                .arg(snapshot.units(bucket))
                 .arg(product.start_at.timestamp_millis())
                 .arg(product.end_at.timestamp_millis())
-                .arg(expire_at_ms(product));
-            for buyer in buyers {
-                invocation.arg(buyer);
+                .arg(expire_at_ms(product))
+                .arg(snapshot.version);
+            for held in snapshot.homed_in(bucket) {
+                invocation
+                    .arg(held.user_id)
+                    .arg(held.request_id.to_string())
+                    .arg(held.result());
             }
             let loaded: i64 = invocation.invoke_async(&mut conn).await?;
             loaded_now += loaded;
         }
-        redis::pipe()
-            .cmd("HSET")
+        let _: () = redis::cmd("HSET")
             .arg(self.keys.product_state(product.id))
             .arg("loaded")
             .arg("1")
-            .ignore()
-            .cmd("PEXPIREAT")
-            .arg(self.keys.product_state(product.id))
-            .arg(expire_at_ms(product))
-            .ignore()
-            .query_async::<()>(&mut conn)
+            .query_async(&mut conn)
             .await?;
-        if loaded_now > 0 {
-            self.catch_up_window(product).await?;
-            tracing::info!(
-                product_id = product.id,
-                remaining,
-                buckets,
-                loaded_now,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "stock loaded into redis"
-            );
-            metrics::counter!("seckill_stock_loads_total").increment(1);
-        }
-        Ok(())
+        drop(conn);
+        self.extend_state(product).await?;
+        Ok(loaded_now)
     }
 
     /// After a load from `product`, a snapshot that may predate an edit of its window: the
@@ -689,8 +717,7 @@ impl StockEngine {
     }
 }
 
-/// Bucket `bucket`'s share of `remaining` units over `buckets` buckets: as even as possible,
-/// and never larger for a smaller `remaining` (so a late, partial load cannot oversell).
+/// Bucket `bucket`'s share of `remaining` units over `buckets` buckets: as even as possible.
 pub fn share(remaining: i64, buckets: u16, bucket: u16) -> i64 {
     let n = i64::from(buckets.max(1));
     remaining / n + i64::from(i64::from(bucket) < remaining % n)
@@ -702,27 +729,19 @@ fn expire_at_ms(product: &Product) -> i64 {
     product.end_at.timestamp_millis() + EXPIRY_GRACE.as_millis() as i64 + spread
 }
 
+/// The order message body for a unit taken from `bucket`.
+fn payload(req: &PurchaseRequest<'_>, bucket: u16) -> Result<String, ApiError> {
+    let message = OrderMessage {
+        bucket: Some(bucket),
+        ..req.message.clone()
+    };
+    Ok(serde_json::to_string(&message).map_err(anyhow::Error::from)?)
+}
+
 fn record_lua(script: &'static str, started: Instant) {
     metrics::histogram!("seckill_lua_seconds", "script" => script)
         .record(started.elapsed().as_secs_f64());
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shares_add_up_and_never_grow_when_remaining_shrinks() {
-        for buckets in [1u16, 2, 3, 7, 16, 64] {
-            for remaining in 0..300i64 {
-                let total: i64 = (0..buckets).map(|b| share(remaining, buckets, b)).sum();
-                assert_eq!(total, remaining, "{remaining} over {buckets}");
-                if remaining > 0 {
-                    for b in 0..buckets {
-                        assert!(share(remaining - 1, buckets, b) <= share(remaining, buckets, b));
-                    }
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -3,10 +3,11 @@
 -- The buyer's home bucket holds their purchase marker, so "one unit per user" is decided
 -- here whatever bucket the unit finally comes from. All keys share the bucket's hash tag:
 -- one Redis Cluster slot.
--- KEYS[1] stock hash of the home bucket {remaining, share, start_ms, end_ms, expire_at}
+-- KEYS[1] stock hash of the home bucket {remaining, start_ms, end_ms, expire_at, v, ...}
 -- KEYS[2] buyers hash (user id -> marker: h:<request id> bought here,
---         t<bucket>:<request id> bought from another bucket, o order loaded from Postgres,
---         r:<ms> reservation of a sweep in progress)
+--         t<bucket>:<request id> bought from another bucket, o:<request id> loaded from
+--         Postgres, r:<ms>:<request id> reservation of a sweep in progress; see
+--         seckill_store::ledger)
 -- KEYS[3] outbox stream
 -- KEYS[4] results hash (user id -> buyer-visible result)
 -- ARGV[1] user id, ARGV[2] request id, ARGV[3] order message JSON, ARGV[4] HTTP request id
@@ -29,7 +30,8 @@ if now < tonumber(stock[2]) or now >= tonumber(stock[3]) then
 end
 local marker = redis.call('HGET', KEYS[2], ARGV[1])
 if marker then
-  if string.sub(marker, 1, 2) == 'r:' and now - tonumber(string.sub(marker, 3)) > tonumber(ARGV[5]) then
+  local reserved_at = string.match(marker, '^r:(%d+)')
+  if reserved_at and now - tonumber(reserved_at) > tonumber(ARGV[5]) then
     return {-5, marker}
   end
   return {-1, ''}

@@ -4,7 +4,7 @@
 -- KEYS[1] buyers hash of the home bucket
 -- KEYS[2] results hash of the home bucket
 -- ARGV[1] user id
--- ARGV[2] the reservation marker expected (r:<ms>); anything else means it is not ours
+-- ARGV[2] the reservation marker expected (r:<ms>:<request id>); anything else is not ours
 -- ARGV[3] the new marker (t<bucket>:<request id>), or '' to release the reservation
 -- ARGV[4] the buyer's result to show (queued:<request id>), or '' for none. It never
 --         overwrites a success: order-service may have been faster than this step.

@@ -12,5 +12,13 @@ if gen ~= ARGV[1] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'sold_out', '1')
-redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+-- Only ever later: a replica whose copy of the product predates a window extension must not
+-- shorten the state's life below its buckets' (an expired `gen` restarts from nothing, and a
+-- sweep holding an old value could match it again).
+local ttl = redis.call('PTTL', KEYS[1])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if ttl < 0 or now + ttl < tonumber(ARGV[2]) then
+  redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+end
 return 1
