@@ -40,7 +40,8 @@ pub async fn purchase(
     headers: HeaderMap,
 ) -> Response {
     let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
-        return respond(run(&state, &identity, product_id, &headers).await);
+        let request_id = Uuid::now_v7();
+        return respond(run(&state, &identity, product_id, &headers, request_id).await);
     };
     // A value that is not text fails validation like an empty one.
     let key = key.to_str().unwrap_or_default();
@@ -48,34 +49,61 @@ pub async fn purchase(
         return e.into_response();
     }
     let user_id = identity.user_id;
-    match state.idempotency.claim(user_id, key, product_id).await {
-        Err(e) => e.into_response(),
+    let idem = &state.idempotency;
+    let (ticket, earlier) = match idem.claim(user_id, key, product_id).await {
+        Err(e) => return e.into_response(),
         Ok(Claim::Replay { status, body }) => {
             metrics::counter!("seckill_idempotent_replays_total").increment(1);
             let headers = [
                 (CONTENT_TYPE, HeaderValue::from_static("application/json")),
                 (IDEMPOTENT_REPLAYED, HeaderValue::from_static("true")),
             ];
-            (status, headers, body).into_response()
+            return (status, headers, body).into_response();
         }
-        Ok(Claim::Fresh) => {
-            let outcome = run(&state, &identity, product_id, &headers).await;
-            let idem = &state.idempotency;
-            let stored = match &outcome {
-                Err(e) if e.is_transient() => idem.release(user_id, key).await,
-                _ => {
-                    let (status, body) = answer_body(&outcome);
-                    idem.complete(user_id, key, product_id, status, &body).await
-                }
-            };
-            if let Err(e) = stored {
-                // The purchase itself is decided; a retry will see "in progress" until the
-                // pending record expires, never a second purchase.
-                tracing::warn!(error = %e, "could not store the idempotent answer");
+        Ok(Claim::Fresh(ticket)) => (ticket, None),
+        Ok(Claim::TakeOver { ticket, earlier }) => (ticket, Some(earlier)),
+    };
+    let outcome = match earlier {
+        // An earlier request under this key may have bought before it failed: then that
+        // purchase is the answer, not a 409 for it.
+        Some(earlier) => match holds(&state, product_id, user_id, earlier).await {
+            Ok(true) => {
+                metrics::counter!("seckill_idempotent_replays_total").increment(1);
+                Ok(earlier)
             }
-            respond(outcome)
+            Ok(false) => run(&state, &identity, product_id, &headers, ticket.request_id).await,
+            Err(e) => Err(e),
+        },
+        None => run(&state, &identity, product_id, &headers, ticket.request_id).await,
+    };
+    let stored = match &outcome {
+        Err(e) if e.is_transient() => idem.release(user_id, key, &ticket).await,
+        _ => {
+            let (status, body) = answer_body(&outcome);
+            idem.complete(user_id, key, &ticket, status, &body).await
         }
+    };
+    if let Err(e) = stored {
+        // The purchase itself is decided; a retry takes the key over once its lease has
+        // passed and finds this purchase by its request id, never buying a second time.
+        tracing::warn!(error = %e, "could not store the idempotent answer");
     }
+    respond(outcome)
+}
+
+/// Whether purchase `request_id` holds the buyer's marker: it was accepted.
+async fn holds(
+    state: &AppState,
+    product_id: i64,
+    user_id: i64,
+    request_id: Uuid,
+) -> Result<bool, ApiError> {
+    let product = state
+        .catalog
+        .get(product_id)
+        .await?
+        .ok_or(ApiError::ProductNotFound)?;
+    state.stock.holds(&product, user_id, request_id).await
 }
 
 fn accepted_body(request_id: Uuid) -> Accepted {
@@ -112,14 +140,15 @@ fn respond(outcome: Result<Uuid, ApiError>) -> Response {
     }
 }
 
-/// Runs one purchase decision and counts its outcome.
+/// Runs one purchase decision, as purchase `request_id`, and counts its outcome.
 async fn run(
     state: &AppState,
     identity: &Identity,
     product_id: i64,
     headers: &HeaderMap,
+    request_id: Uuid,
 ) -> Result<Uuid, ApiError> {
-    let outcome = decide(state, identity, product_id, headers).await;
+    let outcome = decide(state, identity, product_id, headers, request_id).await;
     let label = match &outcome {
         Ok(_) => "accepted",
         Err(ApiError::SoldOut) => "sold_out",
@@ -142,6 +171,7 @@ async fn decide(
     identity: &Identity,
     product_id: i64,
     headers: &HeaderMap,
+    request_id: Uuid,
 ) -> Result<(Uuid, u16), ApiError> {
     let product = state
         .catalog
@@ -156,7 +186,6 @@ async fn decide(
         metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "local").increment(1);
         return Err(ApiError::SoldOut);
     }
-    let request_id = Uuid::now_v7();
     let message = OrderMessage {
         request_id,
         user_id: identity.user_id,

@@ -516,6 +516,23 @@ impl StockEngine {
         Ok(total)
     }
 
+    /// Whether the buyer's marker names purchase `request_id` (it was accepted and stands).
+    pub async fn holds(
+        &self,
+        product: &Product,
+        user_id: i64,
+        request_id: Uuid,
+    ) -> Result<bool, ApiError> {
+        let home = home_bucket(user_id, product.buckets());
+        let mut conn = self.redis.get().await?;
+        let marker: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.buyers(product.id, home))
+            .arg(user_id)
+            .query_async(&mut conn)
+            .await?;
+        Ok(marker.is_some_and(|m| seckill_store::ledger::names(&m, request_id)))
+    }
+
     /// Whether the product's sold-out flag is up in Redis.
     pub async fn is_flagged_sold_out(&self, product_id: i64) -> Result<bool, ApiError> {
         let mut conn = self.redis.get().await?;

@@ -5,6 +5,9 @@ use std::collections::HashSet;
 use futures_util::future::join_all;
 use serde_json::Value;
 
+use axum::http::StatusCode;
+use seckill_api::error::ApiError;
+use seckill_api::idempotency::{Claim, Idempotency};
 use seckill_testkit::identity_headers;
 
 use crate::helpers::{TestApp, assert_error, spawn_app};
@@ -112,6 +115,104 @@ async fn a_malformed_key_gets_400() {
             "invalid_request",
         )
         .await;
+    }
+    app.shutdown().await;
+}
+
+/// Leaves the record an earlier request under `key` would leave had it run purchase
+/// `request_id` and then died (or failed transiently) before storing its answer.
+async fn unfinished_claim(app: &TestApp, user: i64, key: &str, product: i64, request_id: &str) {
+    let record = serde_json::json!({
+        "state": "pending",
+        "product_id": product,
+        "request_id": request_id,
+        "lease_until_ms": chrono::Utc::now().timestamp_millis() - 1,
+    });
+    let mut redis = app.ns.redis().await;
+    let _: () = redis::cmd("SET")
+        .arg(app.ns.keys().idempotency(user, key))
+        .arg(record.to_string())
+        .query_async(&mut redis)
+        .await
+        .expect("set");
+}
+
+#[tokio::test]
+async fn a_retry_after_an_unanswered_purchase_that_bought_replays_its_202() {
+    let app = spawn_app().await;
+    let product = app.create_product(5).await;
+    // The earlier request's purchase went through; its answer never reached the record.
+    let bought: Value = app.purchase(product, 8).await.json().await.expect("json");
+    let request_id = bought["request_id"].as_str().expect("request id");
+    unfinished_claim(&app, 8, "click-1", product, request_id).await;
+
+    let retry = buy_with_key(&app, product, 8, "click-1").await;
+    assert_eq!(retry.status(), 202, "the purchase was accepted: not a 409");
+    let retry: Value = retry.json().await.expect("json");
+    assert_eq!(retry["request_id"], request_id);
+    // Stored now: the next retry replays it.
+    let again = buy_with_key(&app, product, 8, "click-1").await;
+    assert_eq!(again.status(), 202);
+    assert!(again.headers().contains_key("idempotent-replayed"));
+    assert_eq!(app.redis_remaining(product).await, Some(4), "bought once");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retry_after_an_unanswered_purchase_that_never_ran_buys() {
+    let app = spawn_app().await;
+    let product = app.create_product(5).await;
+    let never_ran = uuid::Uuid::now_v7().to_string();
+    unfinished_claim(&app, 8, "click-1", product, &never_ran).await;
+
+    let retry = buy_with_key(&app, product, 8, "click-1").await;
+    assert_eq!(retry.status(), 202);
+    let retry: Value = retry.json().await.expect("json");
+    assert_ne!(retry["request_id"], never_ran.as_str());
+    assert_eq!(app.redis_remaining(product).await, Some(4));
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_whose_lease_passed_cannot_touch_the_claim_that_took_over() {
+    let app = spawn_app().await;
+    let redis =
+        seckill_store::Redis::new(&app.ns.redis_url, app.ns.redis_cluster, 1).expect("redis");
+    let idem = Idempotency::new(redis, app.ns.keys());
+    let Claim::Fresh(first) = idem.claim(8, "k", 1).await.expect("claim") else {
+        panic!("a new key is fresh");
+    };
+    // The first request stalls past its lease; a retry takes the key over.
+    unfinished_claim(&app, 8, "k", 1, &first.request_id.to_string()).await;
+    let Claim::TakeOver {
+        ticket: second,
+        earlier,
+    } = idem.claim(8, "k", 1).await.expect("claim")
+    else {
+        panic!("a claim past its lease is taken over");
+    };
+    assert_eq!(earlier, first.request_id);
+    // The first request wakes up: neither its release nor its answer reaches the record.
+    idem.release(8, "k", &first).await.expect("release");
+    idem.complete(8, "k", &first, StatusCode::GONE, "{}")
+        .await
+        .expect("complete");
+    assert!(
+        matches!(
+            idem.claim(8, "k", 1).await,
+            Err(ApiError::RequestInProgress)
+        ),
+        "still the second request's"
+    );
+    idem.complete(8, "k", &second, StatusCode::ACCEPTED, "{\"ok\":1}")
+        .await
+        .expect("complete");
+    match idem.claim(8, "k", 1).await.expect("claim") {
+        Claim::Replay { status, body } => {
+            assert_eq!(status, StatusCode::ACCEPTED);
+            assert_eq!(body, "{\"ok\":1}");
+        }
+        other => panic!("expected the second answer, got {other:?}"),
     }
     app.shutdown().await;
 }

@@ -31,6 +31,13 @@ use redis::Script;
 
 use crate::{Redis, RedisKeys, home_bucket};
 
+/// Whether a buyer's `marker` stands for purchase `request_id`.
+pub fn names(marker: &str, request_id: impl std::fmt::Display) -> bool {
+    marker
+        .rsplit_once(':')
+        .is_some_and(|(_, id)| id == request_id.to_string())
+}
+
 /// How long a returns hash lives when its bucket is not loaded: far beyond any load.
 const UNLOADED_RETURNS_TTL_MS: u64 = 3_600_000;
 
@@ -149,4 +156,24 @@ fn scripts() -> &'static Scripts {
         restock: Script::new(include_str!("restock.lua")),
         reopen: Script::new(include_str!("reopen.lua")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_marker_names_its_purchase_and_no_other() {
+        let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+        for marker in [
+            format!("h:{id}"),
+            format!("t12:{id}"),
+            format!("o:{id}"),
+            format!("r:1732500000000:{id}"),
+        ] {
+            assert!(names(&marker, id), "{marker}");
+            assert!(!names(&marker, "0190a1b2-0000-7e5f-8a9b-0c1d2e3f4a5b"), "{marker}");
+        }
+        assert!(!names("o", id), "an old marker that names nothing");
+    }
 }
