@@ -425,6 +425,8 @@ async fn relayed(
         hints: hints.clone(),
         connected: connected.clone(),
         consumer: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+        // The relay alone publishes what is in the outbox: what this bench measures.
+        handlers_publish: false,
     };
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));

@@ -34,8 +34,19 @@ pub struct Settings {
     pub null_cache_ttl_ms: u64,
     /// Outbox entries the relay reads and publishes per round.
     pub relay_batch: usize,
-    /// Outbox entries pending longer than this on another consumer are reclaimed.
+    /// Outbox entries pending this long are the relay's to publish: taken over from a replica
+    /// that died, or (with `publish_on_accept`) left behind by a handler whose publish failed.
+    /// Must exceed `publish_timeout_ms`, or the relay races the handlers.
     pub relay_reclaim_idle_ms: u64,
+    /// Whether the purchase handler publishes the order message itself and answers `202`
+    /// once RabbitMQ confirmed it (else the relay publishes everything, after the answer).
+    pub publish_on_accept: bool,
+    /// Longest a purchase waits for a channel and the broker's confirm before it answers
+    /// `202` on the strength of the outbox alone.
+    pub publish_timeout_ms: u64,
+    /// Channels the handlers publish on (one publish in flight on each).
+    pub publish_channels: usize,
+
     /// Buckets a new product's stock is split into unless its creation names a count.
     pub stock_buckets: i16,
     /// How long after its reservation a sweep may still take a unit from another bucket.
@@ -62,7 +73,11 @@ impl Default for Settings {
             bloom_fp_rate: 0.001,
             null_cache_ttl_ms: 30_000,
             relay_batch: 256,
-            relay_reclaim_idle_ms: 30_000,
+            relay_reclaim_idle_ms: 5_000,
+            publish_on_accept: true,
+            publish_timeout_ms: 1_000,
+            publish_channels: 32,
+
             stock_buckets: 16,
             sweep_fence_ms: 5_000,
             sweep_skew_margin_ms: 10_000,
@@ -76,6 +91,9 @@ impl Validate for Settings {
         self.backend.validate()?;
         if self.redis_pool_size == 0 || self.db_pool_size == 0 || self.relay_batch == 0 {
             return Err("pool sizes and relay_batch must be positive".into());
+        }
+        if self.publish_on_accept && self.relay_reclaim_idle_ms <= self.publish_timeout_ms {
+            return Err("relay_reclaim_idle_ms must exceed publish_timeout_ms".into());
         }
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
             return Err("stock_buckets must be between 1 and 1024".into());

@@ -3,9 +3,11 @@
 //! A purchase is one Lua step on the buyer's home bucket of the product (one hash tag): check
 //! the window, the buyer and the stock, deduct, and append the order intent to the bucket's
 //! outbox stream; a buyer whose home bucket is dry sweeps the others (see [`stock`]).
-//! A relay task then publishes outbox entries to RabbitMQ with publisher confirms and
-//! deletes them only once the broker confirmed, so an accepted purchase survives a crash of
-//! this process and an outage of the broker.
+//! The handler then publishes the intent to RabbitMQ with a publisher confirm and answers
+//! `202` once it is confirmed ([`publisher`]); what a handler could not publish (broker
+//! down or slow, process killed) the relay publishes from the outbox, deleting entries only
+//! once the broker confirmed, so an accepted purchase survives a crash of this process and
+//! an outage of the broker.
 //!
 //! Layout:
 //! - [`config`] — settings.
@@ -14,7 +16,8 @@
 //!   and a Redis null cache ([`null_cache`]); [`catalog_sync`] applies product changes
 //!   announced by Postgres `NOTIFY` on every replica.
 //! - [`stock`] — the Redis stock engine: sharded buckets, sweeps, lazy loading under a lock.
-//! - [`relay`] — the outbox → RabbitMQ relay.
+//! - [`publisher`] — the handlers' confirmed publishing of accepted purchases.
+//! - [`relay`] — the outbox → RabbitMQ relay (the safety net behind the handlers).
 //! - [`idempotency`] — `Idempotency-Key` replays.
 //! - [`routes`] — HTTP handlers; [`error`]: the one error type they return.
 
@@ -25,6 +28,7 @@ pub mod config;
 pub mod error;
 pub mod idempotency;
 pub mod null_cache;
+pub mod publisher;
 pub mod relay;
 pub mod routes;
 pub mod startup;

@@ -14,6 +14,11 @@
 //! burst the relay reads only the streams that have news; every [`FULL_SCAN_EVERY`] it reads
 //! every registered stream, which picks up entries another replica wrote and did not
 //! relay (it died between the script and its relay's read).
+//!
+//! Behind handlers that publish their own purchases (`publish_on_accept`, the default), the
+//! relay is the safety net: a handler deletes its entry once the broker confirmed it, so the
+//! relay publishes only entries still pending `reclaim_idle` after it first read them (the
+//! handler's publish failed or timed out, or its process died), through the reclaim.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,14 +26,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::options::ConfirmSelectOptions;
+use lapin::{Channel, Confirmation};
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{HEADER_ATTEMPT, HEADER_REQUEST_ID, Topology};
+use seckill_messaging::Topology;
 use seckill_store::{RedisConn, RedisKeys};
 
 /// The consumer group every replica's relay joins.
@@ -48,6 +52,28 @@ pub async fn create_group(conn: &mut RedisConn, stream: &str) -> redis::RedisRes
         Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
         other => other,
     }
+}
+
+/// Removes published entries from `stream` and from every consumer's pending list.
+pub async fn ack_and_delete(
+    conn: &mut RedisConn,
+    stream: &str,
+    ids: &[impl redis::ToRedisArgs],
+) -> redis::RedisResult<()> {
+    // Same key, so one slot: fine as a transaction on a cluster too.
+    redis::pipe()
+        .atomic()
+        .cmd("XACK")
+        .arg(stream)
+        .arg(GROUP)
+        .arg(ids)
+        .ignore()
+        .cmd("XDEL")
+        .arg(stream)
+        .arg(ids)
+        .ignore()
+        .query_async(conn)
+        .await
 }
 
 /// Tells the relay which streams have new entries; shared by the handlers and the relay.
@@ -98,6 +124,10 @@ pub struct Relay {
     pub connected: Arc<AtomicBool>,
     /// This replica's consumer name in the group.
     pub consumer: String,
+    /// Whether the purchase handlers publish their own entries (`crate::publisher`): then
+    /// a new entry is most likely being published by its handler right now, so the relay
+    /// leaves it pending and publishes it only if it is still there `reclaim_idle` later.
+    pub handlers_publish: bool,
 }
 
 impl std::fmt::Debug for Relay {
@@ -112,6 +142,9 @@ const IDLE_TICK: Duration = Duration::from_millis(50);
 /// How often every registered stream is read, hinted or not.
 pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
+/// How often entries are reclaimed when the handlers publish: the reclaim is then how the
+/// relay publishes what they left behind.
+const RECLAIM_EVERY_BEHIND_HANDLERS: Duration = Duration::from_secs(1);
 
 impl Relay {
     /// Runs until `cancel`: (re)connects to the broker with backoff and pumps the outbox.
@@ -169,7 +202,12 @@ impl Relay {
         // published without a confirm reaching us.
         let mut replay_own = true;
         let mut last_scan = Instant::now() - FULL_SCAN_EVERY;
-        let mut last_reclaim = Instant::now() - RECLAIM_EVERY;
+        let reclaim_every = if self.handlers_publish {
+            RECLAIM_EVERY_BEHIND_HANDLERS
+        } else {
+            RECLAIM_EVERY
+        };
+        let mut last_reclaim = Instant::now() - reclaim_every;
         let mut cursors: HashMap<String, String> = HashMap::new();
         loop {
             if cancel.is_cancelled() {
@@ -177,7 +215,7 @@ impl Relay {
             }
             let mut conn = self.redis.get().await?;
             let full_scan = replay_own || last_scan.elapsed() >= FULL_SCAN_EVERY;
-            let reclaim = last_reclaim.elapsed() >= RECLAIM_EVERY;
+            let reclaim = last_reclaim.elapsed() >= reclaim_every;
             let mut streams = self.hints.take();
             if full_scan || reclaim {
                 let registered: Vec<String> = redis::cmd("SMEMBERS")
@@ -190,9 +228,16 @@ impl Relay {
             }
             let mut round = Vec::new();
             for stream in streams {
-                let mut entries = self
+                let read = self
                     .read(&mut conn, &stream, if replay_own { "0" } else { ">" })
                     .await?;
+                // Read, the entries are pending on this relay: the reclaim finds those
+                // their handlers did not publish and delete.
+                let mut entries = if self.handlers_publish && !replay_own {
+                    Vec::new()
+                } else {
+                    read
+                };
                 if reclaim {
                     let cursor = cursors
                         .entry(stream.clone())
@@ -346,20 +391,7 @@ impl Relay {
             if ids.is_empty() {
                 continue;
             }
-            // Same key, so one slot: fine as a transaction on a cluster too.
-            redis::pipe()
-                .atomic()
-                .cmd("XACK")
-                .arg(stream)
-                .arg(GROUP)
-                .arg(&ids)
-                .ignore()
-                .cmd("XDEL")
-                .arg(stream)
-                .arg(&ids)
-                .ignore()
-                .query_async::<()>(conn)
-                .await?;
+            ack_and_delete(conn, stream, &ids).await?;
             moved += ids.len();
         }
         metrics::counter!("outbox_confirmed_total").increment(moved as u64);
@@ -374,29 +406,14 @@ impl Relay {
         let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
         let request_id: String = entry.get("request_id").unwrap_or_default();
         let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
-        let mut headers = FieldTable::default();
-        headers.insert(
-            HEADER_REQUEST_ID.into(),
-            AMQPValue::LongString(http_request_id.as_str().into()),
-        );
-        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
-        let properties = BasicProperties::default()
-            .with_message_id(request_id.as_str().into())
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_headers(headers);
-        channel
-            .basic_publish(
-                self.topology.exchange.as_str().into(),
-                self.topology.routing_key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &payload,
-                properties,
-            )
-            .await
-            .context("publish")
+        seckill_messaging::publish_order(
+            channel,
+            &self.topology,
+            &request_id,
+            &http_request_id,
+            &payload,
+        )
+        .await
+        .context("publish")
     }
 }

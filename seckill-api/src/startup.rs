@@ -22,6 +22,7 @@ use crate::catalog::Catalog;
 use crate::catalog_sync::CatalogSync;
 use crate::idempotency::Idempotency;
 use crate::null_cache::NullCache;
+use crate::publisher::OrderPublisher;
 use crate::relay::{Relay, RelayHints};
 use crate::state::AppState;
 use crate::stock::{StockEngine, Timings};
@@ -33,6 +34,7 @@ pub struct Application {
     port: u16,
     router: axum::Router,
     relay: Relay,
+    publisher: Option<OrderPublisher>,
     catalog_sync: CatalogSync,
     cancel: CancellationToken,
 }
@@ -57,6 +59,17 @@ impl Application {
         let keys = RedisKeys::new(&settings.backend.namespace);
         let relay_hints = Arc::new(RelayHints::default());
         let broker_connected = Arc::new(AtomicBool::new(false));
+        let publisher_connected = Arc::new(AtomicBool::new(false));
+        let topology = Topology::new(&settings.backend.namespace);
+        let publisher = settings.publish_on_accept.then(|| {
+            OrderPublisher::new(
+                settings.backend.amqp_url.expose().to_string(),
+                topology.clone(),
+                Duration::from_millis(settings.publish_timeout_ms),
+                settings.publish_channels,
+                publisher_connected.clone(),
+            )
+        });
 
         let state = AppState {
             catalog: Catalog::new(
@@ -95,6 +108,7 @@ impl Application {
                 .time_to_live(Duration::from_millis(settings.sold_out_local_ttl_ms))
                 .build(),
             relay_hints: relay_hints.clone(),
+            publisher: publisher.clone(),
             default_buckets: settings.stock_buckets,
         };
         // Fills the bloom filter before the port is bound: an empty one would answer 404 to
@@ -105,7 +119,13 @@ impl Application {
             state.stock.clone(),
         )
         .await?;
-        let probes = readiness_probes(db, redis.clone(), broker_connected.clone());
+        let mut probes = readiness_probes(db, redis.clone(), broker_connected.clone());
+        if publisher.is_some() {
+            probes.push((
+                "rabbitmq_publisher",
+                ops::flag_probe(publisher_connected, "handlers' publisher not connected"),
+            ));
+        }
         let router = seckill_http::layers::instrument(
             crate::routes::router(state).merge(ops::router(probes)),
             "seckill-api",
@@ -119,18 +139,20 @@ impl Application {
             redis,
             keys,
             amqp_url: settings.backend.amqp_url.expose().to_string(),
-            topology: Topology::new(&settings.backend.namespace),
+            topology,
             batch: settings.relay_batch,
             reclaim_idle: Duration::from_millis(settings.relay_reclaim_idle_ms),
             hints: relay_hints,
             connected: broker_connected,
             consumer: format!("api-{}", uuid::Uuid::new_v4().simple()),
+            handlers_publish: publisher.is_some(),
         };
         Ok(Self {
             listener,
             port,
             router,
             relay,
+            publisher,
             catalog_sync,
             cancel: CancellationToken::new(),
         })
@@ -152,6 +174,11 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let cancel = self.cancel.clone();
         let relay = tokio::spawn(self.relay.run(cancel.clone()));
+        // The publisher's connection closes with the token; handlers that still publish fall
+        // back to the outbox, which the next start's relay drains.
+        if let Some(publisher) = self.publisher {
+            tokio::spawn(publisher.run(cancel.clone()));
+        }
         let catalog_sync = tokio::spawn(self.catalog_sync.run(cancel.clone()));
         tracing::info!(port = self.port, "seckill-api listening");
         let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;

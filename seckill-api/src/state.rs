@@ -10,6 +10,7 @@ use seckill_store::RedisKeys;
 
 use crate::catalog::Catalog;
 use crate::idempotency::Idempotency;
+use crate::publisher::OrderPublisher;
 use crate::relay::RelayHints;
 use crate::stock::StockEngine;
 
@@ -33,6 +34,8 @@ pub struct AppState {
     pub idempotency: Idempotency,
     /// Tells the outbox relay which stream an accepted purchase went to.
     pub relay_hints: Arc<RelayHints>,
+    /// Publishes accepted purchases before they are answered; `None`: the relay does.
+    pub publisher: Option<OrderPublisher>,
     /// Buckets of a product created without a bucket count.
     pub default_buckets: i16,
 }

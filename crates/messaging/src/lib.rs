@@ -48,6 +48,44 @@ pub const HEADER_ERROR_CODE: &str = "x-error-code";
 /// AMQP header of a dead letter or a retry: the last error, for the operator.
 pub const HEADER_ERROR_MESSAGE: &str = "x-error-message";
 
+/// Publishes one order message to the topology's exchange: persistent, `mandatory` (an
+/// unroutable message comes back attached to its confirm), with the purchase's request id
+/// as `message_id` and the HTTP request id in a header. The returned confirm resolves once
+/// the broker has taken responsibility for it (the channel must be in confirm mode).
+pub async fn publish_order(
+    channel: &lapin::Channel,
+    topology: &Topology,
+    request_id: &str,
+    http_request_id: &str,
+    payload: &[u8],
+) -> lapin::Result<lapin::PublisherConfirm> {
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::{AMQPValue, FieldTable};
+    let mut headers = FieldTable::default();
+    headers.insert(
+        HEADER_REQUEST_ID.into(),
+        AMQPValue::LongString(http_request_id.into()),
+    );
+    headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
+    let properties = lapin::BasicProperties::default()
+        .with_message_id(request_id.into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    channel
+        .basic_publish(
+            topology.exchange.as_str().into(),
+            topology.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            payload,
+            properties,
+        )
+        .await
+}
+
 /// Opens a connection to `url`, retrying with backoff for about `patience`.
 pub async fn connect(url: &str, name: &str, patience: Duration) -> anyhow::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());

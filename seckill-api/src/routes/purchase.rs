@@ -15,8 +15,9 @@ use seckill_store::PurchaseResult;
 
 use crate::error::ApiError;
 use crate::idempotency::{Claim, Idempotency};
+use crate::relay;
 use crate::state::AppState;
-use crate::stock::{Decision, PurchaseRequest};
+use crate::stock::{Decision, Intent, PurchaseRequest};
 
 /// The client's idempotency key header.
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -158,12 +159,57 @@ async fn run(
         Err(_) => "error",
     };
     metrics::counter!("seckill_purchases_total", "outcome" => label).increment(1);
-    outcome.map(|(request_id, bucket)| {
-        state
-            .relay_hints
-            .hint(state.keys.outbox(product_id, bucket));
-        request_id
-    })
+    outcome
+}
+
+/// Hands an accepted purchase's intent to RabbitMQ before the `202`: published with a
+/// confirm, then its outbox entry deleted. If that cannot be done (no publisher, the
+/// script's answer was lost, the broker down, slow or refusing), the entry stays for the
+/// relay, and the `202` rests on Redis' durability alone (see `crate::publisher`).
+async fn deliver(
+    state: &AppState,
+    product_id: i64,
+    bucket: u16,
+    request_id: Uuid,
+    http_request_id: &str,
+    intent: Option<Intent>,
+) {
+    let stream = state.keys.outbox(product_id, bucket);
+    let durable_in = match (&state.publisher, intent) {
+        (Some(publisher), Some(intent)) => {
+            let published = publisher
+                .publish(
+                    &request_id.to_string(),
+                    http_request_id,
+                    intent.payload.as_bytes(),
+                )
+                .await;
+            match published {
+                Ok(()) => {
+                    let forgotten = match state.redis.get().await {
+                        Ok(mut conn) => {
+                            relay::ack_and_delete(&mut conn, &stream, &[&intent.entry_id]).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = forgotten {
+                        // The relay publishes it once more later; order-service absorbs it.
+                        tracing::warn!(error = %e, "could not delete a published outbox entry");
+                    }
+                    "broker"
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, %request_id, "publish failed; the relay takes over");
+                    "outbox"
+                }
+            }
+        }
+        _ => "outbox",
+    };
+    if durable_in == "outbox" {
+        state.relay_hints.hint(stream);
+    }
+    metrics::counter!("seckill_accepted_total", "durable_in" => durable_in).increment(1);
 }
 
 async fn decide(
@@ -172,7 +218,7 @@ async fn decide(
     product_id: i64,
     headers: &HeaderMap,
     request_id: Uuid,
-) -> Result<(Uuid, u16), ApiError> {
+) -> Result<Uuid, ApiError> {
     let product = state
         .catalog
         .get(product_id)
@@ -209,7 +255,18 @@ async fn decide(
         })
         .await?;
     match decision {
-        Decision::Accepted { bucket } => Ok((request_id, bucket)),
+        Decision::Accepted { bucket, intent } => {
+            deliver(
+                state,
+                product_id,
+                bucket,
+                request_id,
+                http_request_id,
+                intent,
+            )
+            .await;
+            Ok(request_id)
+        }
         Decision::AlreadyPurchased => Err(ApiError::AlreadyPurchased),
         Decision::NotActive => Err(ApiError::ActivityNotActive),
         Decision::SoldOut { flagged } => {

@@ -68,12 +68,15 @@ use crate::error::ApiError;
 use snapshot::Snapshot;
 
 /// How one purchase attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// A unit was reserved and the order intent is in the outbox of `bucket`.
     Accepted {
         /// The bucket whose outbox holds the order intent.
         bucket: u16,
+        /// The intent as written, unless the script's answer was lost (it ran, but which
+        /// entry it wrote is unknown: the relay publishes it).
+        intent: Option<Intent>,
     },
     /// No units left.
     SoldOut {
@@ -85,6 +88,15 @@ pub enum Decision {
     AlreadyPurchased,
     /// Outside the sale window.
     NotActive,
+}
+
+/// An order intent the purchase wrote to an outbox stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intent {
+    /// The stream entry's id.
+    pub entry_id: String,
+    /// The order message body.
+    pub payload: String,
 }
 
 /// One purchase to decide.
@@ -147,7 +159,7 @@ impl std::fmt::Debug for StockEngine {
 
 /// What the home bucket said.
 enum Home {
-    Accepted,
+    Accepted(Option<Intent>),
     Dry,
     AlreadyPurchased,
     NotActive,
@@ -186,7 +198,12 @@ impl StockEngine {
         let home = home_bucket(req.user_id, req.product.buckets());
         for _ in 0..4 {
             match self.try_home(req, home).await? {
-                Home::Accepted => return Ok(Decision::Accepted { bucket: home }),
+                Home::Accepted(intent) => {
+                    return Ok(Decision::Accepted {
+                        bucket: home,
+                        intent,
+                    });
+                }
                 Home::AlreadyPurchased => return Ok(Decision::AlreadyPurchased),
                 Home::NotActive => return Ok(Decision::NotActive),
                 Home::Dry => return self.sweep(req, home).await,
@@ -216,7 +233,7 @@ impl StockEngine {
             .key(self.keys.results(id, home))
             .arg(req.user_id)
             .arg(req.request_id.to_string())
-            .arg(payload)
+            .arg(&payload)
             .arg(req.http_request_id)
             .arg(stale.as_millis() as u64)
             .invoke_async(&mut conn)
@@ -235,14 +252,17 @@ impl StockEngine {
                     .await
                 {
                     tracing::warn!(error = %e, "purchase script answer lost, but it ran");
-                    return Ok(Home::Accepted);
+                    return Ok(Home::Accepted(None));
                 }
                 return Err(e.into());
             }
         };
         record_lua("purchase", started);
         Ok(match code {
-            1 => Home::Accepted,
+            1 => Home::Accepted(Some(Intent {
+                entry_id: detail,
+                payload,
+            })),
             0 => Home::Dry,
             -1 => Home::AlreadyPurchased,
             -2 => Home::NotActive,
@@ -292,14 +312,15 @@ impl StockEngine {
         let start = rand::random_range(0..buckets);
         for step in 0..buckets {
             let bucket = (start + step) % buckets;
-            let mut taken = self.take(req, bucket, reserved_at).await;
-            if matches!(taken, Ok(-3)) {
+            let payload = payload(req, bucket)?;
+            let mut taken = self.take(req, bucket, reserved_at, &payload).await;
+            if matches!(taken, Ok((-3, _))) {
                 // A load that died half-way left this bucket out: finish it, then retry.
                 self.ensure_loaded(product).await?;
-                taken = self.take(req, bucket, reserved_at).await;
+                taken = self.take(req, bucket, reserved_at, &payload).await;
             }
             match taken {
-                Ok(1) => {
+                Ok((1, entry_id)) => {
                     metrics::counter!("seckill_bucket_takes_total").increment(1);
                     let marker = format!("t{bucket}:{}", req.request_id);
                     let result = format!("queued:{}", req.request_id);
@@ -311,18 +332,19 @@ impl StockEngine {
                         // later from the takers hash.
                         tracing::warn!(error = %e, "could not settle a swept purchase");
                     }
-                    return Ok(Decision::Accepted { bucket });
+                    let intent = entry_id.map(|entry_id| Intent { entry_id, payload });
+                    return Ok(Decision::Accepted { bucket, intent });
                 }
-                Ok(0) => {}
-                Ok(-2) => {
+                Ok((0, _)) => {}
+                Ok((-2, _)) => {
                     self.release(id, home, req.user_id, &reservation).await?;
                     return Ok(Decision::NotActive);
                 }
-                Ok(-4) => {
+                Ok((-4, _)) => {
                     self.release(id, home, req.user_id, &reservation).await?;
                     return Err(ApiError::Unavailable("purchase took too long".into()));
                 }
-                Ok(other) => {
+                Ok((other, _)) => {
                     return Err(ApiError::Internal(anyhow::anyhow!(
                         "take script returned {other}"
                     )));
@@ -339,18 +361,19 @@ impl StockEngine {
         Ok(Decision::SoldOut { flagged })
     }
 
-    /// One sweep step on `bucket`; a lost answer is recovered from the takers hash.
+    /// One sweep step on `bucket`: the script's code, and the outbox entry it wrote (none
+    /// when its lost answer was recovered from the takers hash).
     async fn take(
         &self,
         req: &PurchaseRequest<'_>,
         bucket: u16,
         reserved_at: i64,
-    ) -> Result<i64, ApiError> {
+        payload: &str,
+    ) -> Result<(i64, Option<String>), ApiError> {
         let id = req.product.id;
-        let payload = payload(req, bucket)?;
         let started = Instant::now();
         let mut conn = self.redis.get().await?;
-        let invoked: redis::RedisResult<i64> = self
+        let invoked: redis::RedisResult<(i64, String)> = self
             .scripts
             .take
             .key(self.keys.stock(id, bucket))
@@ -366,9 +389,9 @@ impl StockEngine {
             .await;
         drop(conn);
         match invoked {
-            Ok(code) => {
+            Ok((code, entry_id)) => {
                 record_lua("take", started);
-                Ok(code)
+                Ok((code, (code == 1).then_some(entry_id)))
             }
             Err(e) => {
                 let mine = format!("{reserved_at}:{}", req.request_id);
@@ -377,7 +400,7 @@ impl StockEngine {
                     .await
                 {
                     tracing::warn!(error = %e, "take script answer lost, but it ran");
-                    return Ok(1);
+                    return Ok((1, None));
                 }
                 Err(e.into())
             }

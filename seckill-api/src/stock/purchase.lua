@@ -13,7 +13,7 @@
 -- ARGV[1] user id, ARGV[2] request id, ARGV[3] order message JSON, ARGV[4] HTTP request id
 -- ARGV[5] ms after which a reservation counts as abandoned (its sweep cannot take any more)
 -- Returns {code, detail}, detail '' unless said otherwise:
---   { 1} accepted from the home bucket
+--   { 1, entry id} accepted from the home bucket; the order intent is that outbox entry
 --   { 0} the home bucket is dry (nothing reserved; the caller sweeps the other buckets)
 --   {-1} this user already holds a unit (or is buying one right now)
 --   {-2} outside the sale window (Redis' clock: one clock for every replica)
@@ -41,7 +41,7 @@ if tonumber(stock[1]) <= 0 then
 end
 redis.call('HINCRBY', KEYS[1], 'remaining', -1)
 redis.call('HSET', KEYS[2], ARGV[1], 'h:' .. ARGV[2])
-redis.call('XADD', KEYS[3], '*', 'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4])
+local entry = redis.call('XADD', KEYS[3], '*', 'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4])
 redis.call('HSET', KEYS[4], ARGV[1], 'queued:' .. ARGV[2])
 -- Markers and results outlive the sale by a while (expire_at), then free the memory.
 for _, key in ipairs({KEYS[2], KEYS[4]}) do
@@ -49,4 +49,4 @@ for _, key in ipairs({KEYS[2], KEYS[4]}) do
     redis.call('PEXPIREAT', key, stock[4])
   end
 end
-return {1, ''}
+return {1, entry}

@@ -151,7 +151,7 @@ async fn a_sweep_refuses_to_take_a_unit_for_a_reservation_past_its_fence() {
     let mut redis = app.ns.redis().await;
     let take = redis::Script::new(include_str!("../../src/stock/take.lua"));
     let long_ago = chrono::Utc::now().timestamp_millis() - 10_000;
-    let code: i64 = take
+    let (code, _entry): (i64, String) = take
         .key(keys.stock(product, 1))
         .key(keys.takers(product, 1))
         .key(keys.outbox(product, 1))

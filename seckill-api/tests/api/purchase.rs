@@ -319,3 +319,30 @@ async fn an_unroutable_publish_is_kept_in_the_outbox_until_the_queue_is_back() {
     let _ = connection.close(200, "done".into()).await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_202_is_answered_once_the_broker_has_the_order_message() {
+    let app = crate::helpers::spawn_app().await;
+    let product = app.create_product(5).await;
+    let (_connection, channel) = app.ns.channel().await;
+    let queue = app.ns.topology().queue;
+    // Ready means the handlers' publisher is connected too (a purchase made before goes to
+    // the outbox, which is the fallback, not what this test is about).
+    eventually("ready", Duration::from_secs(10), || async {
+        let ready = app
+            .client
+            .get(format!("{}/readyz", app.address))
+            .send()
+            .await;
+        ready.ok().filter(|r| r.status() == 200).map(|_| ())
+    })
+    .await;
+    for user in 1..=3 {
+        assert_eq!(app.purchase(product, user).await.status(), 202);
+        // Already in the queue when the answer comes, and no longer in the outbox: the
+        // 202 does not depend on Redis keeping the intent.
+        assert_eq!(app.ns.queue_depth(&channel, &queue).await, user as u32);
+        assert_eq!(app.outbox_len(product).await, 0);
+    }
+    app.shutdown().await;
+}

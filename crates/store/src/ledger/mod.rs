@@ -172,7 +172,10 @@ mod tests {
             format!("r:1732500000000:{id}"),
         ] {
             assert!(names(&marker, id), "{marker}");
-            assert!(!names(&marker, "0190a1b2-0000-7e5f-8a9b-0c1d2e3f4a5b"), "{marker}");
+            assert!(
+                !names(&marker, "0190a1b2-0000-7e5f-8a9b-0c1d2e3f4a5b"),
+                "{marker}"
+            );
         }
         assert!(!names("o", id), "an old marker that names nothing");
     }
