@@ -100,8 +100,13 @@ start_redis() {
     fi
     port_open "$REDIS_PORT" "$REDIS_HOST" &&
         die "something listens on $REDIS_HOST:$REDIS_PORT but does not answer PING (a password?)"
-    say "redis: starting"
-    redis-server --daemonize yes --bind "$REDIS_HOST" --port "$REDIS_PORT" --save "" --appendonly no >/dev/null
+    say "redis: starting (append-only file in $RUN_DIR/redis)"
+    # With AOF a restarted Redis comes back with its stock, markers and outbox; seckill-api
+    # checks this at start (SECKILL_API_REQUIRE_DURABLE_REDIS).
+    mkdir -p "$RUN_DIR/redis"
+    redis-server --daemonize yes --bind "$REDIS_HOST" --port "$REDIS_PORT" --save "" \
+        --appendonly yes --appendfsync everysec --maxmemory-policy noeviction \
+        --dir "$RUN_DIR/redis" >/dev/null
     wait_until 30 "redis on $REDIS_HOST:$REDIS_PORT" redis_answers
     say "redis: ready"
 }

@@ -46,7 +46,9 @@ pub struct Settings {
     pub publish_timeout_ms: u64,
     /// Channels the handlers publish on (one publish in flight on each).
     pub publish_channels: usize,
-
+    /// Refuse to start when Redis could lose an acknowledged write (no AOF, or a
+    /// `maxmemory-policy` that evicts); otherwise such a Redis is only warned about.
+    pub require_durable_redis: bool,
     /// Buckets a new product's stock is split into unless its creation names a count.
     pub stock_buckets: i16,
     /// How long after its reservation a sweep may still take a unit from another bucket.
@@ -77,7 +79,7 @@ impl Default for Settings {
             publish_on_accept: true,
             publish_timeout_ms: 1_000,
             publish_channels: 32,
-
+            require_durable_redis: false,
             stock_buckets: 16,
             sweep_fence_ms: 5_000,
             sweep_skew_margin_ms: 10_000,

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
+use backon::{ExponentialBuilder, Retryable};
 use moka::future::Cache;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -56,6 +57,7 @@ impl Application {
             settings.backend.redis_cluster,
             settings.redis_pool_size,
         )?;
+        check_redis_durability(&settings).await?;
         let keys = RedisKeys::new(&settings.backend.namespace);
         let relay_hints = Arc::new(RelayHints::default());
         let broker_connected = Arc::new(AtomicBool::new(false));
@@ -200,6 +202,59 @@ impl Application {
         }
         served.context("serve http")
     }
+}
+
+/// Warns about (or, with `require_durable_redis`, refuses) a Redis that could lose an
+/// acknowledged write: the stock ledger, the buyers' markers and the outbox live there.
+async fn check_redis_durability(settings: &Settings) -> anyhow::Result<()> {
+    let url = settings.backend.redis_url.expose();
+    let patience = Duration::from_secs(settings.backend.startup_patience_secs);
+    let checked = (|| probes::redis_durability(url, settings.backend.redis_cluster))
+        .retry(
+            ExponentialBuilder::default()
+                .with_max_delay(Duration::from_secs(3))
+                .with_total_delay(Some(patience))
+                .without_max_times(),
+        )
+        .await;
+    let found = match checked {
+        Ok(found) => found,
+        Err(e) if settings.require_durable_redis => {
+            anyhow::bail!(
+                "SECKILL_API_REQUIRE_DURABLE_REDIS is on, and Redis' persistence could not \
+                 be checked (CONFIG GET): {e:#}"
+            )
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "could not check redis persistence"
+            );
+            return Ok(());
+        }
+    };
+    for warning in &found.warnings {
+        tracing::warn!(finding = %warning, "redis durability");
+    }
+    metrics::gauge!("seckill_redis_lossy_settings").set(found.lossy.len() as f64);
+    if found.lossy.is_empty() {
+        return Ok(());
+    }
+    if settings.require_durable_redis {
+        anyhow::bail!(
+            "refusing to start: Redis could lose acknowledged writes ({}); fix Redis, or set \
+             SECKILL_API_REQUIRE_DURABLE_REDIS=false to accept that",
+            found.lossy.join("; ")
+        );
+    }
+    for lossy in &found.lossy {
+        tracing::warn!(
+            finding = %lossy,
+            "REDIS CAN LOSE ACKNOWLEDGED WRITES: a restart or an eviction forgets sold units \
+             and buyers (SECKILL_API_REQUIRE_DURABLE_REDIS=true refuses to start like this)"
+        );
+    }
+    Ok(())
 }
 
 fn readiness_probes(

@@ -11,9 +11,11 @@
 
 pub mod broker;
 pub mod own_postgres;
+pub mod own_redis;
 
 pub use broker::OwnBroker;
 pub use own_postgres::OwnPostgres;
+pub use own_redis::{OwnRedis, Persistence};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
