@@ -375,7 +375,7 @@ impl OrderConsumer {
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
         // Only the database being unavailable counts against it; a message's own trouble
         // (a lock timeout) does not.
-        let unavailable = matches!(&recorded, Err(e) if !orders::is_transient_for_message(e));
+        let unavailable = matches!(&recorded, Err(e) if orders::is_database_unavailable(e));
         self.breaker.record(permit, unavailable);
         match recorded {
             Ok(outcomes) => {
@@ -385,12 +385,12 @@ impl OrderConsumer {
                     .map(|((delivery, msg), outcome)| self.settle(out, delivery, msg, outcome));
                 futures_util::future::join_all(settles).await;
             }
-            Err(e) if orders::is_transient_for_message(&e) => {
+            Err(e) if !orders::is_database_unavailable(&e) => {
                 tracing::warn!(error = %e, count = msgs.len(), "order batch failed, retrying");
                 let error = e.to_string();
-                let retries = parsed
-                    .iter()
-                    .map(|(delivery, _)| self.retry_later(out, delivery, &error));
+                let retries = parsed.iter().map(|(delivery, _)| {
+                    self.retry_later(out, delivery, &error, Exhausted::DeadLetter)
+                });
                 futures_util::future::join_all(retries).await;
             }
             Err(e) => {
@@ -439,10 +439,17 @@ impl OrderConsumer {
             }
         };
         if let Err(e) = self.write_result(&msg, &result).await {
-            // The order is committed; redelivery will find it and write the result again.
-            span.in_scope(|| tracing::warn!(error = %e, "result write failed, requeueing"));
-            self.requeue(out, &delivery).await;
-            return;
+            span.in_scope(|| tracing::warn!(error = %e, "result write failed"));
+            if matches!(settle, Settle::Ack) {
+                // The order is committed: a retry (counted, through the tiers) finds it and
+                // writes the result again; past the last one the order stands and the
+                // message is acked, its buyer's result left to the next write.
+                self.retry_later(out, &delivery, &e.to_string(), Exhausted::OrderStands)
+                    .await;
+                return;
+            }
+            // A rejected purchase is dead-lettered all the same: giving it up (an operator's
+            // ignore) writes its buyer's result.
         }
         match (settle, result) {
             (Settle::DeadLetter, PurchaseResult::Failed { reason }) => {
@@ -454,11 +461,19 @@ impl OrderConsumer {
         }
     }
 
-    /// Sends a message that failed transiently to its next retry tier (or, past the cap, to
-    /// the dead letters), then acks the original.
-    async fn retry_later(&self, out: &Out, delivery: &Delivery, error: &str) {
+    /// Sends a message that failed transiently to its next retry tier (or, past the cap, as
+    /// `exhausted` says), then acks the original.
+    async fn retry_later(&self, out: &Out, delivery: &Delivery, error: &str, exhausted: Exhausted) {
         let attempt = attempt_of(delivery);
         match self.retry.next(attempt) {
+            Next::GiveUp if exhausted == Exhausted::OrderStands => {
+                metrics::counter!("orders_results_abandoned_total").increment(1);
+                tracing::error!(
+                    error,
+                    "the buyer's result could not be written after every retry; the order stands"
+                );
+                out.acks.ack(delivery.delivery_tag).await;
+            }
             Next::GiveUp => {
                 self.dead_letter(out, delivery, "retries_exhausted", error)
                     .await;
@@ -617,6 +632,15 @@ enum Run {
 enum Settle {
     Ack,
     DeadLetter,
+}
+
+/// What a message that ran out of retries becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exhausted {
+    /// A dead letter with reason `retries_exhausted`.
+    DeadLetter,
+    /// Acked: its order is written, only its buyer's result could not be.
+    OrderStands,
 }
 
 /// A span naming the delivery's message id and the purchase's HTTP request id, so one id

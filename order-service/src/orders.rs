@@ -332,14 +332,23 @@ async fn begin(
     Ok(tx)
 }
 
-/// Whether a failed write is this transaction's bad luck (a lock wait that timed out, a
-/// deadlock, a serialization failure, a cancelled statement): worth a retry tier. Anything
-/// else (connection refused, pool timeout, …) means the database is unavailable.
-pub fn is_transient_for_message(e: &sqlx::Error) -> bool {
+/// Whether a failed write means the database is unavailable (it cannot be reached, is
+/// shutting down or out of resources): the message is not at fault, so it waits in the queue
+/// (the breaker counts it) without an attempt counted. Every other error counts an attempt
+/// and goes through the retry tiers to a dead letter if it persists — a lock timeout or a
+/// deadlock, but also an error nobody foresaw — so no message is requeued forever.
+pub fn is_database_unavailable(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| code.starts_with("40") || code == "55P03" || code == "57014"),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // 08: connection exception; 53: insufficient resources; 57P01-57P03: the server is
+        // shutting down or starting.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || code.starts_with("53") || code.starts_with("57P0")
+        }),
         _ => false,
     }
 }

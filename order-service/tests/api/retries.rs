@@ -120,3 +120,34 @@ async fn a_publisher_channel_closed_under_the_consumer_is_reopened_and_retries_r
     retried_then_ordered(&mut app, product, lock, 1000, Duration::from_secs(15)).await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_order_whose_result_cannot_be_written_is_retried_then_acked_not_requeued_forever() {
+    // Redis is unreachable for this replica: every result write fails.
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        s.backend.redis_url = seckill_config::Secret::new("redis://127.0.0.1:1");
+        s.retry_tiers_ms = "50".into();
+        s.max_attempts = 2;
+        s.requeue_delay_ms = 50;
+    })
+    .await;
+    let product = app.product(5).await;
+    app.publish(&app.message(product, 1)).await;
+    eventually("the order", Duration::from_secs(20), || async {
+        (app.order_count(product).await == 1).then_some(())
+    })
+    .await;
+    // Retried through the tiers (each finding the order and failing the result again, after
+    // the Redis pool's own connect attempts), then acked: the order stands. Before, it was
+    // requeued without end.
+    eventually("retries spent", Duration::from_secs(60), || async {
+        let text = app.get_as(1, "/metrics").await.text().await.ok()?;
+        text.lines()
+            .any(|l| l.starts_with("orders_results_abandoned_total ") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 1);
+    app.shutdown().await;
+}
