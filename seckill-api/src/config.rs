@@ -46,6 +46,10 @@ pub struct Settings {
     pub publish_timeout_ms: u64,
     /// Channels the handlers publish on (one publish in flight on each).
     pub publish_channels: usize,
+    /// RabbitMQ's management API (`http://user:password@host:port`), which tells when every
+    /// purchase in flight has landed after Redis lost a product's ledger; empty: port 15672
+    /// on the AMQP URL's host, with its credentials.
+    pub amqp_management_url: String,
     /// Refuse to start when Redis could lose an acknowledged write (no AOF, or a
     /// `maxmemory-policy` that evicts); otherwise such a Redis is only warned about.
     pub require_durable_redis: bool,
@@ -79,6 +83,7 @@ impl Default for Settings {
             publish_on_accept: true,
             publish_timeout_ms: 1_000,
             publish_channels: 32,
+            amqp_management_url: String::new(),
             require_durable_redis: false,
             stock_buckets: 16,
             sweep_fence_ms: 5_000,

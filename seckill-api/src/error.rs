@@ -30,6 +30,10 @@ pub enum ApiError {
     /// 422: the `Idempotency-Key` was first used for another product.
     #[error("idempotency key reused")]
     IdempotencyKeyReused,
+    /// 503: Redis lost this product's ledger; selling resumes once everything in flight has
+    /// landed and the ledger is rebuilt from Postgres (see `crate::stock::fence`).
+    #[error("ledger being rebuilt: {0}")]
+    LedgerRebuilding(String),
     /// 503: a dependency is unavailable or a stock load is still in progress; retry soon.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
@@ -83,6 +87,11 @@ impl ApiError {
                 "idempotency_key_reused",
                 "this Idempotency-Key was used for another product",
             ),
+            Self::LedgerRebuilding(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ledger_rebuilding",
+                "sales of this product are paused while its stock is recounted, retry shortly",
+            ),
             Self::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -99,14 +108,19 @@ impl ApiError {
 
     /// Whether a retry may answer differently (so an idempotent replay must not pin it).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Internal(_))
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::LedgerRebuilding(_) | Self::Internal(_)
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match &self {
-            Self::Unavailable(cause) => tracing::warn!(%cause, "answering 503"),
+            Self::Unavailable(cause) | Self::LedgerRebuilding(cause) => {
+                tracing::warn!(%cause, "answering 503")
+            }
             Self::Internal(cause) => tracing::error!(error = ?cause, "internal error"),
             _ => {}
         }

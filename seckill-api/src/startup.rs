@@ -26,6 +26,7 @@ use crate::null_cache::NullCache;
 use crate::publisher::OrderPublisher;
 use crate::relay::{Relay, RelayHints};
 use crate::state::AppState;
+use crate::stock::fence::Fence;
 use crate::stock::{StockEngine, Timings};
 
 /// A built, not yet running, seckill-api.
@@ -97,7 +98,12 @@ impl Application {
                     sweep_fence: Duration::from_millis(settings.sweep_fence_ms),
                     skew_margin: Duration::from_millis(settings.sweep_skew_margin_ms),
                 },
-            ),
+            )
+            .with_fence(Fence::new(
+                settings.backend.amqp_url.expose(),
+                &settings.amqp_management_url,
+                &settings.backend.namespace,
+            )?),
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),
             keys: keys.clone(),

@@ -3,14 +3,15 @@
 //!
 //! Each test sets up the interleaving by hand: the platform's compensation relay polls
 //! rarely, so the test relays compensations when it chooses (`relay_compensations`), and
-//! `forget_stock` removes the sale's keys the way an expiry would, so the next purchase
-//! loads the stock again.
+//! `forget_stock` removes the sale's keys, so the stock is loaded again: after a pause, as
+//! Redis lost a ledger it had (seckill-api's stock::fence), which `after_rebuild` waits out.
 
 use std::time::Duration;
 
 use serde_json::Value;
 
 use seckill_store::home_bucket;
+use seckill_testkit::eventually;
 
 use crate::helpers::{
     Platform, admin_token, assert_error, settled, spawn_platform_with, user_token,
@@ -24,11 +25,21 @@ async fn platform() -> Platform {
 /// Buys `product` as `user` and waits for the order; returns the order id.
 async fn buy_order(platform: &Platform, product: i64, user: i64) -> i64 {
     let token = user_token(user);
-    let response = platform.buy(product, &token).await;
+    let response = after_rebuild(platform, product, &token).await;
     assert_eq!(response.status(), 202, "user {user}");
     let result = settled(platform, product, &token).await;
     assert_eq!(result["status"], "success", "{result}");
     result["order_id"].as_i64().expect("order id")
+}
+
+/// A purchase, retried while the product's ledger is being rebuilt (503 `ledger_rebuilding`;
+/// the retries may meet the gateway's rate limit too).
+async fn after_rebuild(platform: &Platform, product: i64, token: &str) -> reqwest::Response {
+    eventually("the ledger rebuilt", Duration::from_secs(60), || async {
+        let response = platform.buy(product, token).await;
+        (![429, 503].contains(&response.status().as_u16())).then_some(response)
+    })
+    .await
 }
 
 async fn cancel(platform: &Platform, user: i64, order_id: i64) {
@@ -69,7 +80,7 @@ async fn a_late_compensation_of_an_old_order_leaves_the_buyers_newer_order_alone
     platform.forget_stock(product).await;
     let buyer = user_token(1);
     assert_error(
-        platform.buy(product, &buyer).await,
+        after_rebuild(&platform, product, &buyer).await,
         409,
         "already_purchased",
     )
@@ -106,7 +117,8 @@ async fn finishing_a_load_that_stopped_half_way_strands_no_unit() {
     for &user in &early {
         buy_order(&platform, product, user).await;
     }
-    // As if the load had died after buckets 0 and 1: 2 and 3 were never written.
+    // As if the load had died after buckets 0 and 1: 2 and 3 were never written (and the
+    // load never got to record that the product's stock was loaded).
     let keys = platform.ns.keys();
     let mut redis = platform.ns.redis().await;
     for bucket in [2, 3] {
@@ -116,6 +128,13 @@ async fn finishing_a_load_that_stopped_half_way_strands_no_unit() {
             .await
             .expect("del");
     }
+    let db = platform.ns.db().await;
+    sqlx::query("UPDATE products SET ledger_loaded = false WHERE id = $1")
+        .bind(product)
+        .execute(&db)
+        .await
+        .expect("not loaded");
+    db.close().await;
     // Whoever comes next finishes the load; every unit left must still be sold.
     let mut accepted = early.len();
     for user in (1..=200).filter(|u| !early.contains(u)) {

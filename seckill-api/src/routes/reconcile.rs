@@ -21,6 +21,9 @@ pub struct StockReport {
     pub redis_remaining: i64,
     /// Whether Redis holds the stock yet (it loads on the first purchase).
     pub loaded: bool,
+    /// `in_redis`, `not_loaded`, or `rebuilding`: Redis lost the ledger and sales wait until
+    /// every purchase in flight has landed (as this replica sees it).
+    pub ledger: &'static str,
     /// Accepted purchases whose order is not written yet (buyer results still `queued`):
     /// in the outbox, in RabbitMQ, or being written.
     pub in_flight: i64,
@@ -85,6 +88,11 @@ pub async fn stock(
         stock_total,
         redis_remaining,
         loaded: remaining.is_some(),
+        ledger: match remaining {
+            _ if state.stock.is_fenced(product_id) => "rebuilding",
+            Some(_) => "in_redis",
+            None => "not_loaded",
+        },
         in_flight,
         outbox,
         buckets,

@@ -61,10 +61,12 @@ use uuid::Uuid;
 use seckill_messaging::OrderMessage;
 use seckill_store::{Redis, RedisKeys, home_bucket};
 
+pub mod fence;
 mod snapshot;
 
 use crate::catalog::Product;
 use crate::error::ApiError;
+use fence::Fence;
 use snapshot::Snapshot;
 
 /// How one purchase attempt ended.
@@ -147,6 +149,9 @@ pub struct StockEngine {
     keys: RedisKeys,
     scripts: std::sync::Arc<Scripts>,
     timings: Timings,
+    /// Tells when a product whose ledger Redis lost may be loaded again; `None`: never
+    /// automatically (such a product stays refused).
+    fence: Option<std::sync::Arc<Fence>>,
 }
 
 impl std::fmt::Debug for StockEngine {
@@ -190,7 +195,19 @@ impl StockEngine {
                 unlock: Script::new(include_str!("unlock.lua")),
             }),
             timings,
+            fence: None,
         }
+    }
+
+    /// The same engine, telling lost ledgers apart with `fence` (see [`fence`]).
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(std::sync::Arc::new(fence));
+        self
+    }
+
+    /// Whether this replica holds a product's sales for a ledger Redis lost.
+    pub fn is_fenced(&self, product_id: i64) -> bool {
+        self.fence.as_ref().is_some_and(|f| f.is_up(product_id))
     }
 
     /// Decides one purchase, loading the product's stock first if Redis does not have it.
@@ -605,6 +622,13 @@ impl StockEngine {
 
     /// Makes sure every bucket of the product is in Redis, loading under the product's lock.
     async fn ensure_loaded(&self, product: &Product) -> Result<(), ApiError> {
+        if let Some(fence) = &self.fence
+            && fence.refused_recently(product.id)
+        {
+            return Err(ApiError::LedgerRebuilding(
+                "purchases still in flight".into(),
+            ));
+        }
         let lock = self.keys.load_lock(product.id);
         let token = Uuid::new_v4().to_string();
         let deadline = Instant::now() + self.timings.load_wait;
@@ -621,7 +645,16 @@ impl StockEngine {
                 .await?;
             if acquired.is_some() {
                 drop(conn);
-                let loaded = self.load(product).await;
+                // Another loader may have finished between this request's miss and its lock:
+                // then nothing is missing, and nothing was lost.
+                let loaded = match self.all_buckets_loaded(product).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => match self.check_fence(product).await {
+                        Ok(()) => self.load(product).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
                 let mut conn = self.redis.get().await?;
                 let _: i64 = self
                     .scripts
@@ -650,6 +683,58 @@ impl StockEngine {
         }
     }
 
+    /// Before a load: if the product's ledger was in Redis and is gone although its keys
+    /// cannot have expired yet, Redis lost it, and the load waits until everything in
+    /// flight has landed (see [`fence`]).
+    async fn check_fence(&self, product: &Product) -> Result<(), ApiError> {
+        let was_loaded: Option<bool> =
+            sqlx::query_scalar("SELECT ledger_loaded FROM products WHERE id = $1")
+                .bind(product.id)
+                .fetch_optional(&self.db)
+                .await?;
+        let may_have_expired = Utc::now()
+            > product.end_at + chrono::Duration::from_std(EXPIRY_GRACE).unwrap_or_default();
+        if !was_loaded.unwrap_or(false) || may_have_expired {
+            return Ok(());
+        }
+        let Some(fence) = &self.fence else {
+            return Err(ApiError::LedgerRebuilding(
+                "redis lost the ledger and no fence can tell when in-flight purchases landed"
+                    .into(),
+            ));
+        };
+        if !fence.is_up(product.id) {
+            tracing::error!(
+                product_id = product.id,
+                "redis lost this product's stock ledger: sales paused until every purchase \
+                 in flight has landed, then rebuilt from postgres"
+            );
+            metrics::counter!("seckill_ledger_losses_total").increment(1);
+        }
+        let outbox = self.outbox_len(product).await?;
+        match fence.drained(product.id, outbox).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ApiError::LedgerRebuilding(format!(
+                "purchases still in flight ({outbox} in the outbox)"
+            ))),
+            Err(e) => Err(ApiError::LedgerRebuilding(format!("{e:#}"))),
+        }
+    }
+
+    /// Entries in the product's outbox streams.
+    async fn outbox_len(&self, product: &Product) -> Result<i64, ApiError> {
+        let mut total = 0;
+        for bucket in 0..product.buckets() {
+            let mut conn = self.redis.get().await?;
+            let len: i64 = redis::cmd("XLEN")
+                .arg(self.keys.outbox(product.id, bucket))
+                .query_async(&mut conn)
+                .await?;
+            total += len;
+        }
+        Ok(total)
+    }
+
     async fn all_buckets_loaded(&self, product: &Product) -> Result<bool, ApiError> {
         for bucket in 0..product.buckets() {
             let mut conn = self.redis.get().await?;
@@ -669,6 +754,22 @@ impl StockEngine {
         let started = Instant::now();
         let snapshot = Snapshot::read(&self.db, product).await?;
         let loaded_now = self.fill(product, &snapshot).await?;
+        // Every bucket is in: from now on a missing bucket means Redis lost it.
+        sqlx::query("UPDATE products SET ledger_loaded = true WHERE id = $1 AND NOT ledger_loaded")
+            .bind(product.id)
+            .execute(&self.db)
+            .await?;
+        if let Some(fence) = &self.fence
+            && fence.is_up(product.id)
+        {
+            fence.lift(product.id);
+            tracing::warn!(
+                product_id = product.id,
+                held = snapshot.held.len(),
+                "stock ledger rebuilt from postgres after redis lost it: sales resume"
+            );
+            metrics::counter!("seckill_ledger_rebuilds_total").increment(1);
+        }
         if loaded_now > 0 {
             self.catch_up_window(product).await?;
             tracing::info!(

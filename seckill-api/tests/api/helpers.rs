@@ -116,6 +116,20 @@ impl TestApp {
             .unwrap_or(0.0)
     }
 
+    /// Waits until `/readyz` answers 200 (every dependency connected, the handlers'
+    /// publisher included).
+    pub async fn wait_ready(&self) {
+        seckill_testkit::eventually("ready", std::time::Duration::from_secs(10), || async {
+            let ready = self
+                .client
+                .get(format!("{}/readyz", self.address))
+                .send()
+                .await;
+            ready.ok().filter(|r| r.status() == 200).map(|_| ())
+        })
+        .await;
+    }
+
     pub async fn purchase(&self, product: impl std::fmt::Display, user_id: i64) -> Response {
         self.client
             .post(format!("{}/api/seckill/{product}", self.address))

@@ -3,6 +3,7 @@
 mod buckets;
 mod catalog;
 mod durability;
+mod fence;
 // Some helpers serve only tests/sold_out_flags.rs, which includes this module too.
 #[allow(dead_code)]
 mod helpers;

@@ -1,0 +1,100 @@
+//! Redis losing a product's ledger mid-sale: sales pause until every accepted purchase has
+//! landed, then the ledger is rebuilt from Postgres and sales resume by themselves.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use seckill_testkit::{eventually, identity_headers};
+
+use crate::helpers::{TestApp, assert_error, spawn_app};
+
+/// Deletes every key of the product's sale, outbox streams included: what a Redis that
+/// restarted without its data has of it.
+async fn wipe(app: &TestApp, product: i64) {
+    let keys = app.ns.keys();
+    let mut doomed = vec![keys.product_state(product), keys.load_lock(product)];
+    for bucket in 0..app.buckets(product).await {
+        doomed.extend([
+            keys.stock(product, bucket),
+            keys.buyers(product, bucket),
+            keys.takers(product, bucket),
+            keys.results(product, bucket),
+            keys.returns(product, bucket),
+            keys.outbox(product, bucket),
+        ]);
+    }
+    let mut redis = app.ns.redis().await;
+    for key in doomed {
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut redis)
+            .await
+            .expect("del");
+    }
+}
+
+async fn ledger_state(app: &TestApp, product: i64) -> Value {
+    app.client
+        .get(format!("{}/admin/products/{product}/stock", app.address))
+        .headers(identity_headers(1, &["admin"]))
+        .send()
+        .await
+        .expect("stock report")
+        .json()
+        .await
+        .expect("json")
+}
+
+#[tokio::test]
+async fn a_lost_ledger_is_rebuilt_only_once_every_accepted_purchase_has_landed() {
+    let app = spawn_app().await;
+    let product = app.create_product_in_buckets(6, 2).await;
+    // Ready: the handlers publish, so each 202 below means RabbitMQ has the purchase (before,
+    // a 202 rests on the outbox, which the wipe below would take with it).
+    app.wait_ready().await;
+    for user in 1..=3 {
+        assert_eq!(
+            app.purchase(product, user).await.status(),
+            202,
+            "user {user}"
+        );
+    }
+    // Redis forgets the sale while the three purchases wait in RabbitMQ (no order-service
+    // runs yet): loading now would sell their units again.
+    wipe(&app, product).await;
+    assert_error(app.purchase(product, 10).await, 503, "ledger_rebuilding").await;
+    assert_eq!(ledger_state(&app, product).await["ledger"], "rebuilding");
+    assert_error(app.purchase(product, 1).await, 503, "ledger_rebuilding").await;
+
+    // order-service writes the three orders; then the ledger is rebuilt from Postgres.
+    let orders = order_service::Application::build(order_service::Settings {
+        backend: app.ns.backend_settings(),
+        port: 0,
+        ..order_service::Settings::default()
+    })
+    .await
+    .expect("build order-service");
+    let stop_orders = orders.shutdown_token();
+    let orders = tokio::spawn(orders.run_until_stopped());
+    eventually("sales resume", Duration::from_secs(60), || async {
+        (app.purchase(product, 10).await.status() == 202).then_some(())
+    })
+    .await;
+    assert_eq!(ledger_state(&app, product).await["ledger"], "in_redis");
+    // The earlier buyers' markers came back with their orders: nobody buys twice.
+    for user in 1..=3 {
+        assert_error(app.purchase(product, user).await, 409, "already_purchased").await;
+    }
+    // And exactly the stock is sold: 3 before the loss, 3 after.
+    let mut accepted = 4;
+    for user in 11..=30 {
+        if app.purchase(product, user).await.status() == 202 {
+            accepted += 1;
+        }
+    }
+    assert_eq!(accepted, 6);
+    stop_orders.cancel();
+    let _ = orders.await;
+    app.shutdown().await;
+}
