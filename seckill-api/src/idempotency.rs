@@ -218,11 +218,17 @@ impl Idempotency {
         Ok(())
     }
 
-    /// Gives up the ticket's lease after a transient failure, keeping the purchase it ran,
-    /// so a retry takes the key over at once (and finds that purchase if it was accepted).
-    pub async fn release(&self, user_id: i64, key: &str, ticket: &Ticket) -> Result<(), ApiError> {
-        let released =
-            Record::pending(ticket.product_id, ticket.request_id, Duration::ZERO).encode()?;
+    /// Gives up the ticket's lease after a transient failure, naming the purchase that may
+    /// have run (the ticket's own, or an earlier one still unsettled), so a retry takes the
+    /// key over at once and finds that purchase if it was accepted.
+    pub async fn release(
+        &self,
+        user_id: i64,
+        key: &str,
+        ticket: &Ticket,
+        may_have_run: Uuid,
+    ) -> Result<(), ApiError> {
+        let released = Record::pending(ticket.product_id, may_have_run, Duration::ZERO).encode()?;
         self.swap(
             &self.keys.idempotency(user_id, key),
             &ticket.record,

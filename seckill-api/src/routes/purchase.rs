@@ -14,10 +14,10 @@ use seckill_messaging::OrderMessage;
 use seckill_store::PurchaseResult;
 
 use crate::error::ApiError;
-use crate::idempotency::{Claim, Idempotency};
+use crate::idempotency::{Claim, Idempotency, Ticket};
 use crate::relay;
 use crate::state::AppState;
-use crate::stock::{Decision, Intent, PurchaseRequest};
+use crate::stock::{Decision, Holding, Intent, PurchaseRequest};
 
 /// The client's idempotency key header.
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -64,21 +64,19 @@ pub async fn purchase(
         Ok(Claim::Fresh(ticket)) => (ticket, None),
         Ok(Claim::TakeOver { ticket, earlier }) => (ticket, Some(earlier)),
     };
+    // The purchase a retry must look for if this one fails transiently.
+    let mut may_have_run = ticket.request_id;
     let outcome = match earlier {
-        // An earlier request under this key may have bought before it failed: then that
-        // purchase is the answer, not a 409 for it.
-        Some(earlier) => match holds(&state, product_id, user_id, earlier).await {
-            Ok(true) => {
-                metrics::counter!("seckill_idempotent_replays_total").increment(1);
-                Ok(earlier)
-            }
-            Ok(false) => run(&state, &identity, product_id, &headers, ticket.request_id).await,
-            Err(e) => Err(e),
-        },
+        Some(earlier) => {
+            let (outcome, pending) =
+                take_over(&state, &identity, product_id, &headers, &ticket, earlier).await;
+            may_have_run = pending;
+            outcome
+        }
         None => run(&state, &identity, product_id, &headers, ticket.request_id).await,
     };
     let stored = match &outcome {
-        Err(e) if e.is_transient() => idem.release(user_id, key, &ticket).await,
+        Err(e) if e.is_transient() => idem.release(user_id, key, &ticket, may_have_run).await,
         _ => {
             let (status, body) = answer_body(&outcome);
             idem.complete(user_id, key, &ticket, status, &body).await
@@ -92,19 +90,50 @@ pub async fn purchase(
     respond(outcome)
 }
 
-/// Whether purchase `request_id` holds the buyer's marker: it was accepted.
-async fn holds(
+/// Answers a key whose earlier request ran purchase `earlier` and left no answer: that
+/// purchase if it was accepted (its `202`, not a `409` for it), else a new purchase. Also
+/// returns the purchase a later retry must look for, should this answer be transient.
+async fn take_over(
     state: &AppState,
+    identity: &Identity,
     product_id: i64,
-    user_id: i64,
-    request_id: Uuid,
-) -> Result<bool, ApiError> {
-    let product = state
-        .catalog
-        .get(product_id)
-        .await?
-        .ok_or(ApiError::ProductNotFound)?;
-    state.stock.holds(&product, user_id, request_id).await
+    headers: &HeaderMap,
+    ticket: &Ticket,
+    earlier: Uuid,
+) -> (Result<Uuid, ApiError>, Uuid) {
+    let product = match state.catalog.get(product_id).await {
+        Ok(Some(product)) => product,
+        Ok(None) => return (Err(ApiError::ProductNotFound), earlier),
+        Err(e) => return (Err(e.into()), earlier),
+    };
+    let user_id = identity.user_id;
+    match state.stock.holding(&product, user_id, earlier).await {
+        Ok(Holding::Accepted) => {
+            metrics::counter!("seckill_idempotent_replays_total").increment(1);
+            return (Ok(earlier), earlier);
+        }
+        Ok(_) => {}
+        Err(e) => return (Err(e), earlier),
+    }
+    match run(state, identity, product_id, headers, ticket.request_id).await {
+        // The purchase itself may have resolved the earlier one's sweep (into a unit).
+        Err(ApiError::AlreadyPurchased) => {
+            match state.stock.holding(&product, user_id, earlier).await {
+                Ok(Holding::Accepted) => (Ok(earlier), earlier),
+                // Not known yet whether the earlier sweep took a unit: not an answer to keep,
+                // and the earlier purchase is still the one to look for.
+                Ok(Holding::Reserved) => (
+                    Err(ApiError::Unavailable(
+                        "an earlier request with this key is still being settled".into(),
+                    )),
+                    earlier,
+                ),
+                Ok(Holding::No) => (Err(ApiError::AlreadyPurchased), ticket.request_id),
+                Err(e) => (Err(e), earlier),
+            }
+        }
+        other => (other, ticket.request_id),
+    }
 }
 
 fn accepted_body(request_id: Uuid) -> Accepted {

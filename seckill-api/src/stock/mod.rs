@@ -92,6 +92,18 @@ pub enum Decision {
     NotActive,
 }
 
+/// What a buyer's marker says of one purchase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// It was accepted and holds the buyer's unit.
+    Accepted,
+    /// Its sweep reserved the buyer's marker and has not settled (it may or may not have
+    /// taken a unit: a later purchase finds out once the reservation is past its fence).
+    Reserved,
+    /// The marker is another purchase's, or there is none.
+    No,
+}
+
 /// An order intent the purchase wrote to an outbox stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Intent {
@@ -556,13 +568,13 @@ impl StockEngine {
         Ok(total)
     }
 
-    /// Whether the buyer's marker names purchase `request_id` (it was accepted and stands).
-    pub async fn holds(
+    /// What the buyer's marker says of purchase `request_id`.
+    pub async fn holding(
         &self,
         product: &Product,
         user_id: i64,
         request_id: Uuid,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<Holding, ApiError> {
         let home = home_bucket(user_id, product.buckets());
         let mut conn = self.redis.get().await?;
         let marker: Option<String> = redis::cmd("HGET")
@@ -570,7 +582,16 @@ impl StockEngine {
             .arg(user_id)
             .query_async(&mut conn)
             .await?;
-        Ok(marker.is_some_and(|m| seckill_store::ledger::names(&m, request_id)))
+        Ok(match marker {
+            Some(m) if seckill_store::ledger::names(&m, request_id) => {
+                if m.starts_with("r:") {
+                    Holding::Reserved
+                } else {
+                    Holding::Accepted
+                }
+            }
+            _ => Holding::No,
+        })
     }
 
     /// Whether the product's sold-out flag is up in Redis.

@@ -193,7 +193,9 @@ async fn a_request_whose_lease_passed_cannot_touch_the_claim_that_took_over() {
     };
     assert_eq!(earlier, first.request_id);
     // The first request wakes up: neither its release nor its answer reaches the record.
-    idem.release(8, "k", &first).await.expect("release");
+    idem.release(8, "k", &first, first.request_id)
+        .await
+        .expect("release");
     idem.complete(8, "k", &first, StatusCode::GONE, "{}")
         .await
         .expect("complete");
@@ -214,5 +216,58 @@ async fn a_request_whose_lease_passed_cannot_touch_the_claim_that_took_over() {
         }
         other => panic!("expected the second answer, got {other:?}"),
     }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retry_while_the_earlier_sweep_is_unsettled_keeps_nothing_and_looks_again() {
+    let app = spawn_app().await;
+    let product = app.create_product(5).await;
+    assert_eq!(app.purchase(product, 9).await.status(), 202, "load");
+    // The earlier request under the key was sweeping: its reservation names its purchase,
+    // and whether it took a unit is not known before the reservation's fence has passed.
+    let earlier = uuid::Uuid::now_v7().to_string();
+    let buckets = app.buckets(product).await;
+    let mut redis = app.ns.redis().await;
+    let _: () = redis::cmd("HSET")
+        .arg(
+            app.ns
+                .keys()
+                .buyers(product, seckill_store::home_bucket(8, buckets)),
+        )
+        .arg(8)
+        .arg(format!(
+            "r:{}:{earlier}",
+            chrono::Utc::now().timestamp_millis()
+        ))
+        .query_async(&mut redis)
+        .await
+        .expect("reservation");
+    unfinished_claim(&app, 8, "click-1", product, &earlier).await;
+
+    // Not a 202 for a purchase that may hold nothing, not a 409 kept for good: a 503.
+    assert_error(
+        buy_with_key(&app, product, 8, "click-1").await,
+        503,
+        "unavailable",
+    )
+    .await;
+    // And the next retry still looks for the earlier purchase: once its sweep is known to
+    // have taken a unit, that purchase is the answer.
+    let _: () = redis::cmd("HSET")
+        .arg(
+            app.ns
+                .keys()
+                .buyers(product, seckill_store::home_bucket(8, buckets)),
+        )
+        .arg(8)
+        .arg(format!("t0:{earlier}"))
+        .query_async(&mut redis)
+        .await
+        .expect("settled marker");
+    let retry = buy_with_key(&app, product, 8, "click-1").await;
+    assert_eq!(retry.status(), 202);
+    let retry: Value = retry.json().await.expect("json");
+    assert_eq!(retry["request_id"], earlier.as_str());
     app.shutdown().await;
 }
