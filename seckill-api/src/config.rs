@@ -42,7 +42,7 @@ pub struct Settings {
     /// once RabbitMQ confirmed it (else the relay publishes everything, after the answer).
     pub publish_on_accept: bool,
     /// Longest a purchase waits for a channel and the broker's confirm before it answers
-    /// `202` on the strength of the outbox alone.
+    /// `202` on the strength of the outbox alone (below 6000: see `stock::fence`).
     pub publish_timeout_ms: u64,
     /// Channels the handlers publish on (one publish in flight on each).
     pub publish_channels: usize,
@@ -101,6 +101,10 @@ impl Validate for Settings {
         }
         if self.publish_on_accept && self.relay_reclaim_idle_ms <= self.publish_timeout_ms {
             return Err("relay_reclaim_idle_ms must exceed publish_timeout_ms".into());
+        }
+        // A fence waits this long for publishes begun before Redis lost a ledger.
+        if self.publish_timeout_ms >= crate::stock::fence::STATS_INTERVAL.as_millis() as u64 {
+            return Err("publish_timeout_ms must stay below 6000".into());
         }
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
             return Err("stock_buckets must be between 1 and 1024".into());

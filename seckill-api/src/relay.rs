@@ -139,6 +139,8 @@ impl std::fmt::Debug for Relay {
 }
 
 const IDLE_TICK: Duration = Duration::from_millis(50);
+/// Longest the relay waits for one round's confirms before it reconnects (entries stay).
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often every registered stream is read, hinted or not.
 pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
@@ -366,7 +368,12 @@ impl Relay {
         let mut failed = 0usize;
         let mut returned = 0usize;
         for (index, id, confirm) in pending {
-            match confirm.await.context("await confirm")? {
+            // Bounded: a confirm that never comes would stall the relay, and a fence (see
+            // `stock::fence`) counts on publishes begun before a loss ending within seconds.
+            let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+                .await
+                .context("no confirm within the relay's timeout")?;
+            match confirmation.context("await confirm")? {
                 Confirmation::Ack(None) => confirmed[index].push(id),
                 // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
                 // follows re-declares the topology and replays it.

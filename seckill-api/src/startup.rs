@@ -215,14 +215,21 @@ impl Application {
 async fn check_redis_durability(settings: &Settings) -> anyhow::Result<()> {
     let url = settings.backend.redis_url.expose();
     let patience = Duration::from_secs(settings.backend.startup_patience_secs);
-    let checked = (|| probes::redis_durability(url, settings.backend.redis_cluster))
-        .retry(
-            ExponentialBuilder::default()
-                .with_max_delay(Duration::from_secs(3))
-                .with_total_delay(Some(patience))
-                .without_max_times(),
-        )
-        .await;
+    let check = || probes::redis_durability(url, settings.backend.redis_cluster);
+    // Required, the check waits for Redis like the rest of start-up; else one try is enough
+    // (a Redis still coming up is warned about, and start-up goes on).
+    let checked = if settings.require_durable_redis {
+        check
+            .retry(
+                ExponentialBuilder::default()
+                    .with_max_delay(Duration::from_secs(3))
+                    .with_total_delay(Some(patience))
+                    .without_max_times(),
+            )
+            .await
+    } else {
+        check().await
+    };
     let found = match checked {
         Ok(found) => found,
         Err(e) if settings.require_durable_redis => {

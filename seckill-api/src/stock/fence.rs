@@ -2,7 +2,8 @@
 //!
 //! A product whose stock was once fully loaded (`products.ledger_loaded`) and whose buckets
 //! are gone before its keys could have expired was wiped from Redis: a restart without
-//! persistence, a failover to a replica that lagged, an eviction. Loading it again at once
+//! persistence, a flush, an evicted stock hash. (A failover to a replica that lagged but kept
+//! the bucket hashes is not seen here; docs/DESIGN.md says what guards that.) Loading it again at once
 //! would count only the purchases already in Postgres; those still in the outbox or in
 //! RabbitMQ (accepted, answered `202`) would be sold a second time, and their buyers could
 //! buy twice. So such a load waits until nothing is in flight: the product's outbox streams
@@ -51,6 +52,10 @@ struct Readings {
 
 /// How long a "not yet" stands before the next purchase checks again.
 const RECHECK_AFTER: Duration = Duration::from_millis(500);
+/// A fence this long without a check has been left behind: another replica rebuilt the
+/// ledger and purchases no longer come here. A later check starts a new fence, so an old
+/// reading never speaks for a new loss.
+const FORGOTTEN_AFTER: Duration = Duration::from_secs(12);
 
 #[derive(Debug, Deserialize)]
 struct Queue {
@@ -110,18 +115,36 @@ impl Fence {
     }
 
     /// Whether everything in flight has landed, for a fenced product whose outbox streams
-    /// hold `outbox` entries. The first call for a product starts its fence.
+    /// hold `outbox` entries. The first call for a product starts its fence (so does one
+    /// after the fence was left unchecked for [`FORGOTTEN_AFTER`]). A management API that
+    /// cannot be asked means "not yet".
     pub async fn drained(&self, product_id: i64, outbox: i64) -> anyhow::Result<bool> {
         let now = Instant::now();
-        let readings = *self.lock().entry(product_id).or_insert(Readings {
+        let fresh = Readings {
             since: now,
             first_zero: None,
-            refused_at: None,
-        });
+            refused_at: Some(now),
+        };
+        let readings = {
+            let mut all = self.lock();
+            let entry = all.entry(product_id).or_insert(fresh);
+            if entry
+                .refused_at
+                .is_none_or(|at| now.duration_since(at) > FORGOTTEN_AFTER)
+            {
+                *entry = fresh;
+            }
+            *entry
+        };
         let drained = if now.duration_since(readings.since) < STATS_INTERVAL {
             false
         } else {
-            let queued = if outbox > 0 { 1 } else { self.queued().await? };
+            // An error (the management API down) is a "not yet" like any other.
+            let queued = if outbox > 0 {
+                1
+            } else {
+                self.queued().await.unwrap_or(1)
+            };
             let mut all = self.lock();
             let entry = all.entry(product_id).or_insert(readings);
             match entry.first_zero {
@@ -156,9 +179,12 @@ impl Fence {
         self.lock().remove(&product_id);
     }
 
-    /// Whether a fence stands for the product on this replica.
+    /// Whether a fence stands for the product on this replica (checked recently).
     pub fn is_up(&self, product_id: i64) -> bool {
-        self.lock().contains_key(&product_id)
+        self.lock()
+            .get(&product_id)
+            .and_then(|r| r.refused_at)
+            .is_some_and(|at| at.elapsed() <= FORGOTTEN_AFTER)
     }
 
     /// Messages in the namespace's order queues, ready or unacknowledged. A queue the broker

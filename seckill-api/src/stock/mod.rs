@@ -217,6 +217,13 @@ impl StockEngine {
         self
     }
 
+    /// Another replica rebuilt the product's ledger: this one's fence for it is done.
+    fn lift_fence(&self, product_id: i64) {
+        if let Some(fence) = &self.fence {
+            fence.lift(product_id);
+        }
+    }
+
     /// Whether this replica holds a product's sales for a ledger Redis lost.
     pub fn is_fenced(&self, product_id: i64) -> bool {
         self.fence.as_ref().is_some_and(|f| f.is_up(product_id))
@@ -339,13 +346,19 @@ impl StockEngine {
         let reservation = format!("r:{reserved_at}:{}", req.request_id);
         let buckets = product.buckets();
         let start = rand::random_range(0..buckets);
+        // A bucket that cannot be loaded now (Redis lost it: see [`fence`]) is passed over,
+        // so the others still sell; but then "every bucket was dry" proves nothing.
+        let mut unknown: Option<ApiError> = None;
         for step in 0..buckets {
             let bucket = (start + step) % buckets;
             let payload = payload(req, bucket)?;
             let mut taken = self.take(req, bucket, reserved_at, &payload).await;
             if matches!(taken, Ok((-3, _))) {
                 // A load that died half-way left this bucket out: finish it, then retry.
-                self.ensure_loaded(product).await?;
+                if let Err(e) = self.ensure_loaded(product).await {
+                    unknown = Some(e);
+                    continue;
+                }
                 taken = self.take(req, bucket, reserved_at, &payload).await;
             }
             match taken {
@@ -384,6 +397,9 @@ impl StockEngine {
             }
         }
         self.release(id, home, req.user_id, &reservation).await?;
+        if let Some(e) = unknown {
+            return Err(e);
+        }
         let flagged = self
             .raise_sold_out(product, generation.unwrap_or_default())
             .await?;
@@ -669,7 +685,10 @@ impl StockEngine {
                 // Another loader may have finished between this request's miss and its lock:
                 // then nothing is missing, and nothing was lost.
                 let loaded = match self.all_buckets_loaded(product).await {
-                    Ok(true) => Ok(()),
+                    Ok(true) => {
+                        self.lift_fence(product.id);
+                        Ok(())
+                    }
                     Ok(false) => match self.check_fence(product).await {
                         Ok(()) => self.load(product).await,
                         Err(e) => Err(e),
@@ -693,6 +712,7 @@ impl StockEngine {
                 .await?;
             drop(conn);
             if loaded.is_some() && self.all_buckets_loaded(product).await? {
+                self.lift_fence(product.id);
                 return Ok(());
             }
             if Instant::now() + delay > deadline {

@@ -98,3 +98,41 @@ async fn a_lost_ledger_is_rebuilt_only_once_every_accepted_purchase_has_landed()
     let _ = orders.await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_lost_bucket_is_passed_over_by_sweeps_while_other_buckets_sell() {
+    let app = spawn_app().await;
+    let (stock, buckets) = (6, 3u16);
+    let product = app.create_product_in_buckets(stock, buckets as i16).await;
+    let homed =
+        |bucket: u16| (1..).filter(move |&u| seckill_store::home_bucket(u, buckets) == bucket);
+    // Bucket 0's two units go to buyers homed there.
+    let mut in_zero = homed(0);
+    for user in in_zero.by_ref().take(2) {
+        assert_eq!(
+            app.purchase(product, user).await.status(),
+            202,
+            "user {user}"
+        );
+    }
+    // Redis loses bucket 1 only (its stock hash).
+    let mut redis = app.ns.redis().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(app.ns.keys().stock(product, 1))
+        .query_async(&mut redis)
+        .await
+        .expect("del");
+    // Buyers homed in the dry bucket 0 sweep: bucket 1 is passed over (it waits for its
+    // rebuild), bucket 2 still sells, whichever the sweep visits first.
+    for user in in_zero.take(2) {
+        assert_eq!(
+            app.purchase(product, user).await.status(),
+            202,
+            "user {user}"
+        );
+    }
+    // Bucket 2 is dry now too: with bucket 1 unknown, the answer is 503, not sold out.
+    let next = homed(0).nth(4).expect("a fifth buyer homed in bucket 0");
+    assert_error(app.purchase(product, next).await, 503, "ledger_rebuilding").await;
+    app.shutdown().await;
+}
