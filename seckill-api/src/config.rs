@@ -44,7 +44,8 @@ pub struct Settings {
     /// Longest a purchase waits for a channel and the broker's confirm before it answers
     /// `202` on the strength of the outbox alone (below 6000: see `stock::fence`).
     pub publish_timeout_ms: u64,
-    /// Channels the handlers publish on (one publish in flight on each).
+    /// Channels the handlers' messages are published on, each by a worker that publishes
+    /// whatever waits for it as one batch (see `crate::publisher`).
     pub publish_channels: usize,
     /// RabbitMQ's management API (`http://user:password@host:port`), which tells when every
     /// purchase in flight has landed after Redis lost a product's ledger; empty: port 15672
@@ -82,7 +83,7 @@ impl Default for Settings {
             relay_reclaim_idle_ms: 5_000,
             publish_on_accept: true,
             publish_timeout_ms: 1_000,
-            publish_channels: 32,
+            publish_channels: 4,
             amqp_management_url: String::new(),
             require_durable_redis: false,
             stock_buckets: 16,

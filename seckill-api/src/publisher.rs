@@ -8,27 +8,33 @@
 //! outbox entry. If the broker is unreachable, slow or refuses the message, the handler
 //! answers `202` anyway and leaves the entry to the relay (`crate::relay`), which publishes
 //! whatever the handlers left behind once it is older than the relay's grace: then, and only
-//! then, the `202`'s durability is Redis' own (see `seckill_store::probes` for the start-up
-//! check of Redis' persistence).
+//! then, the `202`'s durability is Redis' own (`SECKILL_API_REQUIRE_DURABLE_REDIS` checks
+//! Redis' persistence at start).
 //!
-//! Channels: a small pool, each with **one publish in flight at a time**. lapin attaches a
-//! `mandatory` message the broker returned to whichever confirm it resolves next, so with
-//! several publishes pending on one channel a returned message could be credited to another
-//! request, whose entry would then be deleted although its message was lost. With one
-//! pending publish per channel the confirm that carries the return is its own. Concurrency
-//! comes from the pool (`publish_channels`).
+//! Pipelining: handlers hand their messages to a few publishing workers, one channel each
+//! (`publish_channels`). A worker takes every message waiting for it, publishes them back to
+//! back, waits for all their confirms (so the broker acknowledges many at once), and only
+//! then answers each handler. lapin attaches a `mandatory` message the broker returned to
+//! whichever confirm it resolves next, so which message of a batch came back is unknowable:
+//! if any did (or any was nacked), the whole batch counts as not published and each handler
+//! leaves its entry to the relay (a duplicate at worst, which order-service absorbs).
+//! A batch whose confirms do not all come within the timeout ends its worker's channel (a
+//! late confirm would be taken for the next batch's).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Confirmation, Connection};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::Topology;
+
+/// Messages a worker publishes in one go at most.
+const MAX_BATCH: usize = 512;
 
 /// Publishes order messages with a confirm, from any request; cheap to clone.
 #[derive(Clone)]
@@ -39,44 +45,24 @@ pub struct OrderPublisher {
 struct Inner {
     amqp_url: String,
     topology: Topology,
-    /// Longest a request waits for a channel and the broker's confirm.
+    /// Longest a request waits for its confirm.
     timeout: Duration,
-    /// Channels per connection.
+    /// Workers (and channels) per connection.
     channels: usize,
-    /// The open connection and its channels; `None` while the broker is unreachable.
-    link: RwLock<Option<Arc<Link>>>,
+    /// The workers' queues; empty while the broker is unreachable.
+    workers: RwLock<Vec<mpsc::Sender<Job>>>,
+    /// Round-robin over the workers.
+    next: AtomicUsize,
     /// True while connected (read by `/readyz`).
     connected: Arc<AtomicBool>,
 }
 
-/// One broker connection and the idle channels of its pool.
-struct Link {
-    connection: Connection,
-    idle: Mutex<Vec<Channel>>,
-    permits: Semaphore,
-}
-
-/// A channel taken from the pool: closed when dropped unless given back.
-struct Lent(Option<Channel>);
-
-impl Lent {
-    fn get(&self) -> &Channel {
-        self.0
-            .as_ref()
-            .expect("a lent channel is present until given back")
-    }
-
-    fn give_back(&mut self) -> Channel {
-        self.0.take().expect("given back once")
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some(channel) = self.0.take() {
-            tokio::spawn(async move { channel.close(200, "publish abandoned".into()).await });
-        }
-    }
+/// One message to publish, and where to say how it went.
+struct Job {
+    request_id: String,
+    http_request_id: String,
+    payload: Vec<u8>,
+    done: oneshot::Sender<Result<(), PublishError>>,
 }
 
 impl std::fmt::Debug for OrderPublisher {
@@ -89,20 +75,20 @@ impl std::fmt::Debug for OrderPublisher {
 }
 
 /// Why a publish did not get a plain confirm: the handler leaves the intent to the relay.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PublishError {
     /// No connection to the broker right now.
     #[error("not connected to the broker")]
     NotConnected,
-    /// No channel or no confirm within the timeout.
+    /// No confirm within the timeout.
     #[error("no confirm within the timeout")]
     TimedOut,
-    /// The broker nacked or returned it (unroutable).
-    #[error("the broker did not take the message: {0}")]
+    /// The broker nacked or returned a message of the batch.
+    #[error("the broker did not take every message of the batch: {0}")]
     Refused(&'static str),
     /// The channel failed.
     #[error("channel: {0}")]
-    Channel(#[from] lapin::Error),
+    Channel(String),
 }
 
 impl OrderPublisher {
@@ -120,7 +106,8 @@ impl OrderPublisher {
                 topology,
                 timeout,
                 channels: channels.max(1),
-                link: RwLock::new(None),
+                workers: RwLock::new(Vec::new()),
+                next: AtomicUsize::new(0),
                 connected,
             }),
         }
@@ -133,88 +120,67 @@ impl OrderPublisher {
         http_request_id: &str,
         payload: &[u8],
     ) -> Result<(), PublishError> {
-        let link = self
-            .inner
-            .link
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .ok_or(PublishError::NotConnected)?;
-        // Every step may stall (a broker that stops reading from publishers blocks even the
-        // publish itself), so the whole of it is bounded.
-        tokio::time::timeout(
-            self.inner.timeout,
-            self.publish_on(&link, request_id, http_request_id, payload),
-        )
-        .await
-        .map_err(|_| PublishError::TimedOut)?
-    }
-
-    async fn publish_on(
-        &self,
-        link: &Link,
-        request_id: &str,
-        http_request_id: &str,
-        payload: &[u8],
-    ) -> Result<(), PublishError> {
-        let _permit = link
-            .permits
-            .acquire()
+        let worker = {
+            let workers = self
+                .inner
+                .workers
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if workers.is_empty() {
+                return Err(PublishError::NotConnected);
+            }
+            let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % workers.len();
+            workers[index].clone()
+        };
+        let (done, answer) = oneshot::channel();
+        let job = Job {
+            request_id: request_id.to_string(),
+            http_request_id: http_request_id.to_string(),
+            payload: payload.to_vec(),
+            done,
+        };
+        worker
+            .send(job)
             .await
             .map_err(|_| PublishError::NotConnected)?;
-        let idle = link.idle.lock().await.pop();
-        let channel = match idle {
-            Some(channel) if channel.status().connected() => channel,
-            _ => {
-                let channel = link.connection.create_channel().await?;
-                channel
-                    .confirm_select(ConfirmSelectOptions::default())
-                    .await?;
-                channel
-            }
-        };
-        // Until its confirm is in, the channel is closed if this future is dropped (the
-        // timeout): a late confirm would otherwise be taken for the next publish's.
-        let mut channel = Lent(Some(channel));
-        let confirm = seckill_messaging::publish_order(
-            channel.get(),
-            &self.inner.topology,
-            request_id,
-            http_request_id,
-            payload,
-        )
-        .await?;
-        let confirmation = confirm.await?;
-        link.idle.lock().await.push(channel.give_back());
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(_)) => Err(PublishError::Refused("returned as unroutable")),
-            Confirmation::Nack(_) => Err(PublishError::Refused("nacked")),
-            Confirmation::NotRequested => Err(PublishError::Refused("no confirm requested")),
+        match tokio::time::timeout(self.inner.timeout, answer).await {
+            Ok(Ok(outcome)) => outcome,
+            // The worker went away with the job (its connection died).
+            Ok(Err(_)) => Err(PublishError::NotConnected),
+            Err(_) => Err(PublishError::TimedOut),
         }
     }
 
-    /// Keeps a connection open until `cancel`, reconnecting with backoff.
+    /// Keeps a connection and its workers up until `cancel`, reconnecting with backoff.
     pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
         let mut backoff = Duration::from_millis(200);
         while !cancel.is_cancelled() {
             match self.connect().await {
-                Ok(link) => {
+                Ok((connection, workers)) => {
                     backoff = Duration::from_millis(200);
-                    self.set(Some(link.clone()));
                     tracing::info!("order publisher connected");
-                    while link.connection.status().connected() {
+                    let lost = CancellationToken::new();
+                    let mut senders = Vec::with_capacity(workers.len());
+                    let mut tasks = Vec::with_capacity(workers.len());
+                    for channel in workers {
+                        let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
+                        senders.push(tx);
+                        tasks.push(tokio::spawn(self.clone().work(channel, rx, lost.clone())));
+                    }
+                    self.set(senders);
+                    while connection.status().connected() && !lost.is_cancelled() {
                         tokio::select! {
                             _ = cancel.cancelled() => break,
+                            _ = lost.cancelled() => break,
                             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                         }
                     }
-                    self.set(None);
-                    link.permits.close();
-                    let _ = link
-                        .connection
-                        .close(200, "publisher stopping".into())
-                        .await;
+                    self.set(Vec::new());
+                    lost.cancel();
+                    for task in tasks {
+                        let _ = task.await;
+                    }
+                    let _ = connection.close(200, "publisher stopping".into()).await;
                     if !cancel.is_cancelled() {
                         tracing::warn!("order publisher lost its connection");
                     }
@@ -232,35 +198,109 @@ impl OrderPublisher {
         Ok(())
     }
 
-    fn set(&self, link: Option<Arc<Link>>) {
-        self.inner
-            .connected
-            .store(link.is_some(), Ordering::Relaxed);
-        *self
-            .inner
-            .link
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = link;
+    /// One worker: publishes whatever waits for it, batch after batch, until `lost`.
+    async fn work(self, channel: Channel, mut jobs: mpsc::Receiver<Job>, lost: CancellationToken) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            tokio::select! {
+                _ = lost.cancelled() => break,
+                got = jobs.recv_many(&mut batch, MAX_BATCH) => if got == 0 { break },
+            }
+            let outcome = self.publish_batch(&channel, &batch).await;
+            metrics::histogram!("seckill_publish_batch_size").record(batch.len() as f64);
+            let failed = outcome.is_err();
+            for job in batch.drain(..) {
+                let _ = job.done.send(outcome.clone());
+            }
+            if failed && !channel.status().connected() {
+                // The connection loop notices and reconnects; the queued jobs fail fast.
+                lost.cancel();
+            }
+            if matches!(outcome, Err(PublishError::TimedOut)) {
+                // A late confirm would be credited to the next batch: this channel is done.
+                lost.cancel();
+            }
+        }
+        jobs.close();
+        while let Ok(job) = jobs.try_recv() {
+            let _ = job.done.send(Err(PublishError::NotConnected));
+        }
+        let _ = channel.close(200, "publisher worker stopping".into()).await;
     }
 
-    async fn connect(&self) -> anyhow::Result<Arc<Link>> {
+    /// Publishes a batch and waits for every confirm; `Ok` only if each was a plain ack.
+    async fn publish_batch(&self, channel: &Channel, batch: &[Job]) -> Result<(), PublishError> {
+        let publish_all = async {
+            let mut confirms = Vec::with_capacity(batch.len());
+            for job in batch {
+                let confirm = seckill_messaging::publish_order(
+                    channel,
+                    &self.inner.topology,
+                    &job.request_id,
+                    &job.http_request_id,
+                    &job.payload,
+                )
+                .await
+                .map_err(|e| PublishError::Channel(e.to_string()))?;
+                confirms.push(confirm);
+            }
+            let mut refused = None;
+            for confirm in confirms {
+                match confirm
+                    .await
+                    .map_err(|e| PublishError::Channel(e.to_string()))?
+                {
+                    Confirmation::Ack(None) => {}
+                    Confirmation::Ack(Some(_)) => refused = Some("a message came back unroutable"),
+                    Confirmation::Nack(_) => refused = Some("a message was nacked"),
+                    Confirmation::NotRequested => refused = Some("no confirm requested"),
+                }
+            }
+            match refused {
+                None => Ok(()),
+                Some(why) => Err(PublishError::Refused(why)),
+            }
+        };
+        tokio::time::timeout(self.inner.timeout, publish_all)
+            .await
+            .unwrap_or(Err(PublishError::TimedOut))
+    }
+
+    fn set(&self, workers: Vec<mpsc::Sender<Job>>) {
+        self.inner
+            .connected
+            .store(!workers.is_empty(), Ordering::Relaxed);
+        *self
+            .inner
+            .workers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = workers;
+    }
+
+    /// A connection with the topology declared and one confirming channel per worker.
+    async fn connect(&self) -> anyhow::Result<(Connection, Vec<Channel>)> {
         let connection = seckill_messaging::connect(
             &self.inner.amqp_url,
             "seckill-api publisher",
             Duration::ZERO,
         )
         .await?;
-        let channel = connection.create_channel().await?;
+        let declare = connection.create_channel().await?;
         self.inner
             .topology
-            .declare(&channel)
+            .declare(&declare)
             .await
             .context("declare topology")?;
-        let _ = channel.close(200, "declared".into()).await;
-        Ok(Arc::new(Link {
-            connection,
-            idle: Mutex::new(Vec::with_capacity(self.inner.channels)),
-            permits: Semaphore::new(self.inner.channels),
-        }))
+        let _ = declare.close(200, "declared".into()).await;
+        let mut channels = Vec::with_capacity(self.inner.channels);
+        for _ in 0..self.inner.channels {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .context("enable publisher confirms")?;
+            channels.push(channel);
+        }
+        Ok((connection, channels))
     }
 }
