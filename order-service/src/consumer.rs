@@ -11,7 +11,12 @@
 //! - failures are sorted by [`crate::retry`]: an outage requeues after a delay (no attempt
 //!   counted), a transient failure of the message goes to a retry tier, a permanent one to
 //!   the dead-letter exchange with its reason; a retry or dead letter is published with a
-//!   confirm *before* the original is acked, so a crash in between duplicates, never loses.
+//!   confirm *before* the original is acked, so a crash in between duplicates, never loses;
+//! - a delivery is handed back to the queue at most [`MAX_REQUEUES`] times: one the quorum
+//!   queue has already returned that often (`x-delivery-count`) is published again as a
+//!   fresh copy instead, so a long outage never brings a message to the queue's delivery
+//!   limit, which is left to messages that crash their consumer (see
+//!   `seckill_messaging::DELIVERY_LIMIT`).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -33,8 +38,8 @@ use lapin::types::{AMQPValue, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation};
 
 use seckill_messaging::{
-    HEADER_ATTEMPT, HEADER_ERROR_CODE, HEADER_ERROR_MESSAGE, HEADER_REQUEST_ID, OrderMessage,
-    Topology,
+    HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_ERROR_CODE, HEADER_ERROR_MESSAGE,
+    HEADER_REQUEST_ID, MAX_REQUEUES, OrderMessage, Topology,
 };
 use seckill_store::{PurchaseResult, RedisKeys};
 
@@ -289,13 +294,8 @@ impl OrderConsumer {
         }
         match ended {
             Ok(Run::Paused) => {
-                let requeue = BasicNackOptions {
-                    requeue: true,
-                    multiple: false,
-                };
-                for delivery in batch {
-                    let _ = delivery.nack(requeue).await;
-                    out.acks.settled_elsewhere(delivery.delivery_tag).await;
+                for delivery in &batch {
+                    self.hand_back(out, delivery).await;
                 }
             }
             _ if !batch.is_empty() => {
@@ -538,7 +538,17 @@ impl OrderConsumer {
         delivery: &Delivery,
         headers: &[(&str, AMQPValue)],
     ) -> bool {
-        let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        // The copy is a new message to its queue: the original's delivery count, kept,
+        // would read as the copy's own.
+        let mut table: FieldTable = delivery
+            .properties
+            .headers()
+            .iter()
+            .flat_map(|h| h.inner())
+            .filter(|(name, _)| name.as_str() != HEADER_DELIVERY_COUNT)
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
         for (name, value) in headers {
             table.insert(ShortString::from(*name), value.clone());
         }
@@ -564,9 +574,33 @@ impl OrderConsumer {
         }
     }
 
+    /// Hands a delivery back to the queue after `requeue_delay`, no attempt counted.
     async fn requeue(&self, out: &Out, delivery: &Delivery) {
-        metrics::counter!("orders_requeued_total").increment(1);
         tokio::time::sleep(self.requeue_delay).await;
+        self.hand_back(out, delivery).await;
+    }
+
+    /// Returns a delivery to the queue: a nack with requeue, or past [`MAX_REQUEUES`]
+    /// returns a fresh copy published to the queue (its delivery count starts over) and the
+    /// original acked. Should that publish fail, the nack it is.
+    async fn hand_back(&self, out: &Out, delivery: &Delivery) {
+        metrics::counter!("orders_requeued_total").increment(1);
+        if delivery_count(delivery) >= MAX_REQUEUES {
+            let recycled = self
+                .republish(
+                    &out.publisher,
+                    &self.topology.exchange,
+                    &self.topology.routing_key,
+                    delivery,
+                    &[],
+                )
+                .await;
+            if recycled {
+                metrics::counter!("orders_recycled_total").increment(1);
+                out.acks.ack(delivery.delivery_tag).await;
+                return;
+            }
+        }
         let options = BasicNackOptions {
             requeue: true,
             multiple: false,
@@ -664,11 +698,22 @@ fn delivery_span(delivery: &Delivery) -> tracing::Span {
 
 /// The attempt a delivery carries (0 for a first delivery).
 fn attempt_of(delivery: &Delivery) -> u32 {
+    count_header(delivery, HEADER_ATTEMPT)
+}
+
+/// How often the queue has returned this delivery before (a quorum queue's count; 0 on a
+/// classic queue, which keeps none).
+fn delivery_count(delivery: &Delivery) -> u32 {
+    count_header(delivery, HEADER_DELIVERY_COUNT)
+}
+
+/// A numeric header of a delivery, 0 when absent or not a count.
+fn count_header(delivery: &Delivery, name: &str) -> u32 {
     delivery
         .properties
         .headers()
         .as_ref()
-        .and_then(|h| h.inner().get(HEADER_ATTEMPT))
+        .and_then(|h| h.inner().get(name))
         .and_then(|v| match v {
             AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
             AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),

@@ -80,8 +80,7 @@ impl Application {
             keys,
             buckets: moka::future::Cache::new(100_000),
             amqp_url: settings.backend.amqp_url.expose().to_string(),
-            topology: Topology::new(&settings.backend.namespace)
-                .with_retry_tiers(settings.retry_tiers()),
+            topology: topology(&settings),
             prefetch: settings.prefetch,
             batch_size: settings.batch_size,
             batch_linger: Duration::from_millis(settings.batch_linger_ms),
@@ -169,12 +168,18 @@ impl Application {
     }
 }
 
+/// The AMQP names and queue arguments this service declares and uses.
+fn topology(settings: &Settings) -> Topology {
+    Topology::new(&settings.backend.namespace)
+        .with_retry_tiers(settings.retry_tiers())
+        .with_queue_type(settings.backend.amqp_queue_type)
+}
+
 /// The redrive publisher and its pace, from the settings (shared by the admin API and the CLI).
 pub fn redriver(settings: &Settings) -> Redriver {
     Redriver {
         amqp_url: settings.backend.amqp_url.expose().to_string(),
-        topology: Topology::new(&settings.backend.namespace)
-            .with_retry_tiers(settings.retry_tiers()),
+        topology: topology(settings),
         pace: tokio::sync::Mutex::new(TokenBucket::new(
             settings.redrive_per_sec,
             settings.redrive_burst,

@@ -63,7 +63,8 @@ impl Application {
         let relay_hints = Arc::new(RelayHints::default());
         let broker_connected = Arc::new(AtomicBool::new(false));
         let publisher_connected = Arc::new(AtomicBool::new(false));
-        let topology = Topology::new(&settings.backend.namespace);
+        let topology = Topology::new(&settings.backend.namespace)
+            .with_queue_type(settings.backend.amqp_queue_type);
         let publisher = settings.publish_on_accept.then(|| {
             OrderPublisher::new(
                 settings.backend.amqp_url.expose().to_string(),

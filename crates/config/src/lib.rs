@@ -67,6 +67,10 @@ pub struct BackendSettings {
     pub redis_cluster: bool,
     /// RabbitMQ.
     pub amqp_url: Secret,
+    /// The type of the order queues (main, retry tiers, dead letters): `quorum`, replicated
+    /// and fsynced, as RabbitMQ recommends for data that must not be lost; `classic` for
+    /// queues declared by older versions (a queue's type cannot change once declared).
+    pub amqp_queue_type: AmqpQueueType,
     /// Prefix of every Redis key and AMQP name: isolates tests and tenants.
     pub namespace: String,
     /// Key of the gateway's identity signature (shared with the gateway).
@@ -89,6 +93,7 @@ impl Default for BackendSettings {
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_cluster: false,
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            amqp_queue_type: AmqpQueueType::default(),
             namespace: "seckill".into(),
             internal_key: DEV_INTERNAL_KEY.into(),
             identity_max_age_ms: 30_000,
@@ -103,6 +108,17 @@ impl Validate for BackendSettings {
     fn validate(&self) -> Result<(), String> {
         validate_namespace(&self.namespace)
     }
+}
+
+/// The RabbitMQ queue type of the order queues (`x-queue-type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AmqpQueueType {
+    /// Raft-replicated, durable, with delivery limits and at-least-once dead-lettering.
+    #[default]
+    Quorum,
+    /// The queues as versions before quorum declared them (no `x-queue-type`).
+    Classic,
 }
 
 /// A string that must not appear in logs: printed as `[redacted]`.
@@ -199,6 +215,28 @@ mod tests {
         assert_eq!(settings.backend.identity_max_age_ms, 5);
         assert_eq!(settings.backend.log_format, "json", "defaults survive");
         assert_eq!(settings.port, 9);
+    }
+
+    #[test]
+    fn the_queue_type_reads_quorum_or_classic_and_nothing_else() {
+        let read = |value: &str| {
+            Figment::from(Serialized::defaults(Service::default()))
+                .merge(Serialized::default("amqp_queue_type", value))
+                .extract::<Service>()
+                .map(|s| s.backend.amqp_queue_type)
+                .ok()
+        };
+        assert_eq!(
+            Service::default().backend.amqp_queue_type,
+            AmqpQueueType::Quorum
+        );
+        assert_eq!(read("classic"), Some(AmqpQueueType::Classic));
+        assert_eq!(read("quorum"), Some(AmqpQueueType::Quorum));
+        assert_eq!(
+            read("stream"),
+            None,
+            "a typo is refused, not read as a default"
+        );
     }
 
     #[test]

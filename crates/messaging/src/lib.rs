@@ -16,7 +16,7 @@ use lapin::{Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-pub use topology::{DEFAULT_RETRY_TIERS_MS, Topology};
+pub use topology::{DEFAULT_RETRY_TIERS_MS, DELIVERY_LIMIT, MAX_REQUEUES, QueueType, Topology};
 
 /// An accepted purchase on its way to becoming an order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +47,8 @@ pub const HEADER_ATTEMPT: &str = "x-attempt";
 pub const HEADER_ERROR_CODE: &str = "x-error-code";
 /// AMQP header of a dead letter or a retry: the last error, for the operator.
 pub const HEADER_ERROR_MESSAGE: &str = "x-error-message";
+/// AMQP header a quorum queue sets on a redelivery: how often it returned the message.
+pub const HEADER_DELIVERY_COUNT: &str = "x-delivery-count";
 
 /// Publishes one order message to the topology's exchange: persistent, `mandatory` (an
 /// unroutable message comes back attached to its confirm), with the purchase's request id

@@ -8,3 +8,4 @@ mod outage;
 mod parking;
 mod payment;
 mod retries;
+mod topology;
