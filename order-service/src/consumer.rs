@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use lapin::types::{AMQPValue, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel};
 
 use seckill_messaging::{
     HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_ERROR_CODE, HEADER_ERROR_MESSAGE,
@@ -529,7 +529,7 @@ impl OrderConsumer {
     }
 
     /// Publishes a copy of `delivery` (body and properties, plus `headers`) and waits for
-    /// the broker's confirm; false unless it was confirmed and routed.
+    /// the broker's confirm; false unless it was confirmed and routed to a queue.
     async fn republish(
         &self,
         publisher: &Channel,
@@ -565,13 +565,19 @@ impl OrderConsumer {
                 properties,
             )
             .await;
-        match published {
-            Ok(confirm) => matches!(confirm.await, Ok(Confirmation::Ack(None))),
-            Err(e) => {
-                tracing::warn!(error = %e, exchange, "republish failed");
-                false
-            }
-        }
+        let confirmation = match published {
+            Ok(confirm) => confirm.await,
+            Err(e) => Err(e),
+        };
+        let refused = match confirmation {
+            Ok(confirmation) => match seckill_messaging::taken(&confirmation) {
+                Ok(()) => return true,
+                Err(refused) => refused.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(error = refused, exchange, routing_key, "republish failed");
+        false
     }
 
     /// Hands a delivery back to the queue after `requeue_delay`, no attempt counted.

@@ -19,7 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel};
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use sqlx::PgPool;
@@ -553,8 +553,8 @@ impl Redriver {
             .map_err(|e| e.to_string())?
             .await
             .map_err(|e| e.to_string())?;
-        if !matches!(confirm, Confirmation::Ack(None)) {
-            return Err(format!("the broker did not take the message: {confirm:?}"));
+        if let Err(refused) = seckill_messaging::taken(&confirm) {
+            return Err(format!("the broker did not take the message: {refused}"));
         }
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(true)

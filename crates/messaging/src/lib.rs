@@ -50,10 +50,46 @@ pub const HEADER_ERROR_MESSAGE: &str = "x-error-message";
 /// AMQP header a quorum queue sets on a redelivery: how often it returned the message.
 pub const HEADER_DELIVERY_COUNT: &str = "x-delivery-count";
 
+/// Why the broker did not take a published message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotTaken {
+    /// Confirmed, but no queue took it: a `mandatory` message returned as unroutable.
+    Returned,
+    /// The broker refused it (a nack).
+    Nacked,
+    /// The channel was not in confirm mode, so nothing says the broker has it.
+    NotConfirmed,
+}
+
+impl std::fmt::Display for NotTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Returned => "returned unroutable: no queue is bound for it",
+            Self::Nacked => "nacked by the broker",
+            Self::NotConfirmed => "published without a confirm",
+        })
+    }
+}
+
+impl std::error::Error for NotTaken {}
+
+/// Whether a publisher confirm means a queue holds the message. lapin resolves a
+/// `mandatory` publish that no queue took as an *ack* with the returned message attached:
+/// that is no success, and every publisher must check for it, which this does.
+pub fn taken(confirmation: &lapin::Confirmation) -> Result<(), NotTaken> {
+    match confirmation {
+        lapin::Confirmation::Ack(None) => Ok(()),
+        lapin::Confirmation::Ack(Some(_returned)) => Err(NotTaken::Returned),
+        lapin::Confirmation::Nack(_) => Err(NotTaken::Nacked),
+        lapin::Confirmation::NotRequested => Err(NotTaken::NotConfirmed),
+    }
+}
+
 /// Publishes one order message to the topology's exchange: persistent, `mandatory` (an
 /// unroutable message comes back attached to its confirm), with the purchase's request id
 /// as `message_id` and the HTTP request id in a header. The returned confirm resolves once
-/// the broker has taken responsibility for it (the channel must be in confirm mode).
+/// the broker has answered for it (the channel must be in confirm mode); it is a success
+/// only if [`taken`] says so — an unroutable message confirms as an ack too.
 pub async fn publish_order(
     channel: &lapin::Channel,
     topology: &Topology,

@@ -527,3 +527,50 @@ async fn a_given_up_purchase_whose_sweep_never_settled_releases_its_buyer() {
     app.stop_when_drained().await;
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_redrive_no_queue_takes_fails_and_leaves_the_entry_pending() {
+    let app = spawn_app_with(TestNamespace::new(), |_| {}).await;
+    let missing = 777_002;
+    let msg = app.message(missing, 1);
+    app.publish(&msg).await;
+    app.wait_parked(1).await;
+    create_product_with_id(&app, missing, 1).await;
+    // Nothing bound to the order exchange: the redrive's mandatory publish comes back.
+    let topology = app.ns.topology();
+    let bind_order_queue = |bind: bool| {
+        let channel = app.channel.clone();
+        let topology = topology.clone();
+        async move {
+            let (queue, exchange, key) = (
+                topology.queue.as_str().into(),
+                topology.exchange.as_str().into(),
+                topology.routing_key.as_str().into(),
+            );
+            if bind {
+                channel
+                    .queue_bind(queue, exchange, key, Default::default(), Default::default())
+                    .await
+            } else {
+                channel
+                    .queue_unbind(queue, exchange, key, Default::default())
+                    .await
+            }
+            .expect("(un)bind the order queue");
+        }
+    };
+    bind_order_queue(false).await;
+    let refused = admin_post(&app, "redrive", json!({ "product_id": missing })).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(statuses(&app).await, ["pending"]);
+    assert_eq!(app.order_count(missing).await, 0);
+
+    bind_order_queue(true).await;
+    let done = report(&app, "redrive", json!({ "product_id": missing })).await;
+    assert_eq!(ids(&done), [msg.request_id.to_string()]);
+    eventually("the redriven order", Duration::from_secs(20), || async {
+        (app.order_count(missing).await == 1).then_some(())
+    })
+    .await;
+    app.shutdown().await;
+}

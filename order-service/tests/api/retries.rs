@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use seckill_messaging::Topology;
 use seckill_testkit::{TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app_with};
@@ -149,5 +150,54 @@ async fn an_order_whose_result_cannot_be_written_is_retried_then_acked_not_reque
     .await;
     app.stop_when_drained().await;
     assert_eq!(app.order_count(product).await, 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retry_no_queue_takes_is_a_failed_publish_and_the_message_is_kept() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        quick_retries(s);
+        s.retry_tiers_ms = "100".into();
+        s.max_attempts = 10;
+    })
+    .await;
+    let product = app.product(5).await;
+    // The tier's queue no longer takes what its exchange routes: a mandatory publish to it
+    // comes back, confirmed as an ack with the message attached.
+    let topology = app.ns.topology();
+    let tier = topology.retry_queue(100);
+    app.channel
+        .queue_unbind(
+            tier.as_str().into(),
+            topology.retry_exchange.as_str().into(),
+            Topology::retry_routing_key(100).as_str().into(),
+            Default::default(),
+        )
+        .await
+        .expect("unbind the retry tier");
+    let lock = lock_product(&app.db, product).await;
+    let msg = app.message(product, 3);
+    app.publish(&msg).await;
+    // Lock timeouts, retries returned: the original is requeued each time, never acked.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(app.order_count(product).await, 0);
+    assert_eq!(app.dead_letters().await, 0);
+    app.channel
+        .queue_bind(
+            tier.as_str().into(),
+            topology.retry_exchange.as_str().into(),
+            Topology::retry_routing_key(100).as_str().into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .expect("bind the retry tier again");
+    drop(lock);
+    eventually("the order", Duration::from_secs(10), || async {
+        (app.order_count(product).await == 1).then_some(())
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(app.dead_letters().await, 0);
     app.shutdown().await;
 }
