@@ -83,9 +83,13 @@ impl WriteOptions {
 
 /// Postgres error codes that mean "this message is wrong", not "try again".
 const FOREIGN_KEY_VIOLATION: &str = "23503";
+/// An order of a product that does not exist has no price (the price is read from the
+/// product, so this comes before the foreign key's own refusal).
+const NOT_NULL_VIOLATION: &str = "23502";
 const CHECK_VIOLATION: &str = "23514";
 
-/// Writes `msg` as an order, idempotently, in one transaction.
+/// Writes `msg` as an order, idempotently, in one transaction. The price is the product's
+/// in Postgres when the order is written: the message's `price_cents` is never trusted.
 pub async fn record(
     db: &PgPool,
     msg: &OrderMessage,
@@ -95,13 +99,13 @@ pub async fn record(
     let inserted: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
         "INSERT INTO orders \
            (request_id, user_id, product_id, price_cents, accepted_at, pay_by, bucket) \
-         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::double precision), $7) \
+         VALUES ($1, $2, $3, (SELECT price_cents FROM products WHERE id = $3), $4, \
+                 now() + make_interval(secs => $5::double precision), $6) \
          ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(msg.request_id)
     .bind(msg.user_id)
     .bind(msg.product_id)
-    .bind(msg.price_cents)
     .bind(msg.created_at)
     .bind(options.window_secs())
     .bind(bucket_column(msg))
@@ -131,7 +135,7 @@ pub async fn record(
                 None => Err(sqlx::Error::Protocol("conflicting order vanished".into())),
             };
         }
-        Err(e) if is_db_code(&e, FOREIGN_KEY_VIOLATION) => {
+        Err(e) if is_unknown_product(&e) => {
             return Ok(Recorded::Rejected {
                 reason: "unknown_product",
             });
@@ -204,7 +208,6 @@ async fn try_batch(
     let request_ids: Vec<uuid::Uuid> = msgs.iter().map(|m| m.request_id).collect();
     let user_ids: Vec<i64> = msgs.iter().map(|m| m.user_id).collect();
     let product_ids: Vec<i64> = msgs.iter().map(|m| m.product_id).collect();
-    let prices: Vec<i64> = msgs.iter().map(|m| m.price_cents).collect();
     let accepted: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.created_at).collect();
     let buckets: Vec<Option<i16>> = msgs.iter().map(bucket_column).collect();
     let mut tx = begin(db, options.lock_timeout).await?;
@@ -214,20 +217,23 @@ async fn try_batch(
     // uncommitted copy of it holds that wait in the same order in every batch, so two
     // batches sharing redelivered purchases queue behind each other instead of deadlocking
     // (which would send both to a retry tier for nothing).
+    // The price is the product's, never the message's (a LEFT JOIN: an unknown product's
+    // row has no price and fails the batch, which the one-by-one path then rejects).
     let inserted: Result<Vec<(i64, uuid::Uuid, i64)>, sqlx::Error> = sqlx::query_as(
         "INSERT INTO orders \
            (request_id, user_id, product_id, price_cents, accepted_at, bucket, pay_by) \
-         SELECT m.*, now() + make_interval(secs => $6::double precision) \
-         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[], \
-                     $7::smallint[]) \
-           AS m(request_id, user_id, product_id, price_cents, accepted_at, bucket) \
+         SELECT m.request_id, m.user_id, m.product_id, p.price_cents, m.accepted_at, m.bucket, \
+                now() + make_interval(secs => $5::double precision) \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::timestamptz[], \
+                     $6::smallint[]) \
+           AS m(request_id, user_id, product_id, accepted_at, bucket) \
+         LEFT JOIN products p ON p.id = m.product_id \
          ORDER BY m.user_id, m.product_id, m.request_id \
          ON CONFLICT DO NOTHING RETURNING id, request_id, product_id",
     )
     .bind(&request_ids)
     .bind(&user_ids)
     .bind(&product_ids)
-    .bind(&prices)
     .bind(&accepted)
     .bind(options.window_secs())
     .bind(&buckets)
@@ -235,7 +241,7 @@ async fn try_batch(
     .await;
     let inserted = match inserted {
         Ok(rows) => rows,
-        Err(e) if is_db_code(&e, FOREIGN_KEY_VIOLATION) => {
+        Err(e) if is_unknown_product(&e) => {
             tx.rollback().await?;
             return Ok(None);
         }
@@ -351,6 +357,11 @@ pub fn is_database_unavailable(e: &sqlx::Error) -> bool {
         }),
         _ => false,
     }
+}
+
+/// Whether an insert failed because its product does not exist.
+fn is_unknown_product(e: &sqlx::Error) -> bool {
+    is_db_code(e, FOREIGN_KEY_VIOLATION) || is_db_code(e, NOT_NULL_VIOLATION)
 }
 
 fn is_db_code(e: &sqlx::Error, code: &str) -> bool {

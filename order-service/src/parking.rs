@@ -676,12 +676,12 @@ async fn tombstones(
     sqlx::query_as(
         "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, \
                              status, cancelled_at, cancel_reason, bucket) \
-         SELECT m.request_id, m.user_id, m.product_id, m.price_cents, m.accepted_at, \
+         SELECT m.request_id, m.user_id, m.product_id, p.price_cents, m.accepted_at, \
                 'cancelled', now(), m.reason, m.bucket \
-         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[], \
-                     $6::text[], $7::smallint[]) \
-           AS m(request_id, user_id, product_id, price_cents, accepted_at, reason, bucket) \
-         WHERE EXISTS (SELECT 1 FROM products p WHERE p.id = m.product_id) \
+         FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::timestamptz[], \
+                     $5::text[], $6::smallint[]) \
+           AS m(request_id, user_id, product_id, accepted_at, reason, bucket) \
+         JOIN products p ON p.id = m.product_id \
          ORDER BY m.user_id, m.product_id, m.request_id \
          ON CONFLICT DO NOTHING RETURNING request_id::text, product_id, bucket",
     )
@@ -693,7 +693,6 @@ async fn tombstones(
     )
     .bind(column(|(m, _)| m.user_id))
     .bind(column(|(m, _)| m.product_id))
-    .bind(column(|(m, _)| m.price_cents))
     .bind(
         purchases
             .iter()

@@ -27,7 +27,8 @@ pub struct OrderMessage {
     pub user_id: i64,
     /// What was bought.
     pub product_id: i64,
-    /// The price at acceptance, so a later price change cannot alter a sold unit.
+    /// The price seckill-api saw, kept for compatibility and for reading only: order-service
+    /// never trusts it and writes each order at the product's price in Postgres.
     pub price_cents: i64,
     /// When seckill-api accepted it.
     pub created_at: DateTime<Utc>,

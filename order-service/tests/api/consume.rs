@@ -125,3 +125,53 @@ async fn the_database_refuses_to_oversell_even_if_more_purchases_arrive_than_sto
     assert_eq!(app.stock_remaining(product).await, 0);
     app.shutdown().await;
 }
+
+/// The price of each order of `product`.
+async fn order_prices(app: &crate::helpers::TestApp, product: i64) -> Vec<i64> {
+    sqlx::query_scalar("SELECT price_cents FROM orders WHERE product_id = $1")
+        .bind(product)
+        .fetch_all(&app.db)
+        .await
+        .expect("prices")
+}
+
+#[tokio::test]
+async fn an_order_costs_the_products_price_whatever_price_its_message_carries() {
+    let mut app = crate::helpers::spawn_app_with(seckill_testkit::TestNamespace::new(), |s| {
+        s.batch_linger_ms = 200;
+    })
+    .await;
+    let product = app.product(10).await; // priced 500
+    let msgs: Vec<_> = (1..=4)
+        .map(|user| {
+            let mut msg = app.message(product, user);
+            msg.price_cents = 1;
+            msg
+        })
+        .collect();
+    app.publish_many(&msgs).await;
+    app.stop_when_drained().await;
+    assert_eq!(order_prices(&app, product).await, vec![500; 4]);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_order_written_alone_after_its_batch_failed_costs_the_products_price_too() {
+    // A purchase of an unknown product in the batch sends every message of it down the
+    // one-by-one path.
+    let mut app = crate::helpers::spawn_app_with(seckill_testkit::TestNamespace::new(), |s| {
+        s.batch_linger_ms = 200;
+    })
+    .await;
+    let product = app.product(10).await;
+    let mut cheap = app.message(product, 1);
+    cheap.price_cents = 1;
+    let mut unknown = app.message(987_655, 2);
+    unknown.price_cents = 1;
+    app.publish_many(&[cheap, unknown]).await;
+    let parked = app.wait_parked(1).await;
+    assert_eq!(parked[0].1, "unknown_product");
+    app.stop_when_drained().await;
+    assert_eq!(order_prices(&app, product).await, vec![500]);
+    app.shutdown().await;
+}
