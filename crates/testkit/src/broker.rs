@@ -43,6 +43,8 @@ pub struct OwnBroker {
     dir: PathBuf,
     amqp_port: u16,
     dist_port: u16,
+    /// The management API's port, when the node runs the management plugin.
+    management_port: Option<u16>,
     /// The OS pid of the running node, `None` while stopped. Kept here because RabbitMQ
     /// deletes its pid file as it shuts down, before the process has exited.
     pid: Mutex<Option<u32>>,
@@ -52,6 +54,17 @@ impl OwnBroker {
     /// Starts a fresh RabbitMQ node on free loopback ports with its own data dir; waits until
     /// AMQP accepts guest/guest. Panics (with the node's log tail) if it is not ready in 60 s.
     pub async fn start() -> OwnBroker {
+        Self::start_node(false).await
+    }
+
+    /// Like [`OwnBroker::start`], with the management plugin listening on a free loopback
+    /// port of its own ([`OwnBroker::management_url`]): for a service that reads queue
+    /// figures from the management API.
+    pub async fn start_with_management() -> OwnBroker {
+        Self::start_node(true).await
+    }
+
+    async fn start_node(management: bool) -> OwnBroker {
         sweep_orphans();
         let id = format!(
             "{}-{}",
@@ -65,19 +78,32 @@ impl OwnBroker {
             fs::create_dir_all(dir.join(sub))
                 .unwrap_or_else(|e| panic!("create {}: {e}", dir.join(sub).display()));
         }
-        // `[].` rather than an empty file: an empty one is not a valid Erlang term. No
-        // management plugin also means nobody fights the shared broker for port 15672.
-        write(&dir.join("enabled_plugins"), "[].\n");
-        // Our own config and env files, so the machine's (/etc/rabbitmq: listeners on 5672,
-        // NODENAME=rabbit@localhost) cannot leak into this node.
-        write(&dir.join("rabbitmq.conf"), "");
-        write(&dir.join("rabbitmq-env.conf"), "");
         let (amqp_port, dist_port) = free_ports();
+        // Our own config and env files, so the machine's (/etc/rabbitmq: listeners on 5672,
+        // NODENAME=rabbit@localhost) cannot leak into this node. `[].` rather than an empty
+        // plugins file: an empty one is not a valid Erlang term. The management plugin, when
+        // wanted, listens on a port of ours, never the shared broker's 15672.
+        let management_port = management.then(|| free_ports().0);
+        match management_port {
+            Some(port) => {
+                write(&dir.join("enabled_plugins"), "[rabbitmq_management].\n");
+                write(
+                    &dir.join("rabbitmq.conf"),
+                    &format!("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {port}\n"),
+                );
+            }
+            None => {
+                write(&dir.join("enabled_plugins"), "[].\n");
+                write(&dir.join("rabbitmq.conf"), "");
+            }
+        }
+        write(&dir.join("rabbitmq-env.conf"), "");
         let broker = OwnBroker {
             node_name: format!("{NODE_PREFIX}{id}@localhost"),
             dir,
             amqp_port,
             dist_port,
+            management_port,
             pid: Mutex::new(None),
         };
         // `broker` exists before the node does, so a panic below still runs Drop.
@@ -89,6 +115,12 @@ impl OwnBroker {
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
     pub fn amqp_url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+    }
+
+    /// `http://guest:guest@127.0.0.1:<port>` of the management API, if the node runs it.
+    pub fn management_url(&self) -> Option<String> {
+        self.management_port
+            .map(|port| format!("http://guest:guest@127.0.0.1:{port}"))
     }
 
     /// Stops the node gracefully (data kept) and waits until its process has exited and its

@@ -10,10 +10,12 @@
 //! URLs, as `scripts/redis-cluster.sh url` prints) runs the same tests on a Redis Cluster.
 
 pub mod broker;
+pub mod latency_proxy;
 pub mod own_postgres;
 pub mod own_redis;
 
 pub use broker::OwnBroker;
+pub use latency_proxy::LatencyProxy;
 pub use own_postgres::OwnPostgres;
 pub use own_redis::{OwnRedis, Persistence};
 
