@@ -3,19 +3,6 @@
 //! Postgres and Redis.
 //!
 //! Exit code: 0 PASS, 1 FAIL (an invariant is violated), 2 setup or infrastructure error.
-//!
-//! Layout:
-//! - [`product`]: creating the product through the admin API.
-//! - [`burst`]: pre-minted tokens, the concurrent burst, latency and status tallies.
-//! - [`settle`]: read-only access to the stores, the settle wait, the observed numbers.
-//! - [`check`]: the invariants, as pure functions.
-//! - [`report`]: the JSON report and the human summary.
-
-mod burst;
-mod check;
-mod product;
-mod report;
-mod settle;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,9 +13,10 @@ use clap::Parser;
 
 use seckill_auth::TokenMinter;
 
-use crate::check::Facts;
-use crate::report::Report;
-use crate::settle::Probe;
+use seckill_loadtest::check::{self, Facts};
+use seckill_loadtest::report::Report;
+use seckill_loadtest::settle::Probe;
+use seckill_loadtest::{burst, product};
 
 /// Validity of the buyers' tokens: comfortably longer than any burst plus settle.
 const BUYER_TOKEN_TTL_SECS: i64 = 3600;

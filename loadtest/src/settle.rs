@@ -119,7 +119,7 @@ impl Probe {
     }
 
     /// Entries still waiting in the product's outbox streams (XLEN of a missing key is 0).
-    async fn outbox_len(&self, product_id: i64) -> anyhow::Result<i64> {
+    pub async fn outbox_len(&self, product_id: i64) -> anyhow::Result<i64> {
         let mut total = 0;
         for bucket in 0..self.buckets(product_id).await? {
             let mut conn = self.redis.get().await.context("connecting to Redis")?;
@@ -134,7 +134,7 @@ impl Probe {
     }
 
     /// The buckets' `remaining` fields added up (a missing bucket counts 0).
-    async fn redis_remaining(&self, product_id: i64) -> anyhow::Result<i64> {
+    pub async fn redis_remaining(&self, product_id: i64) -> anyhow::Result<i64> {
         let mut total = 0;
         for bucket in 0..self.buckets(product_id).await? {
             let mut conn = self.redis.get().await.context("connecting to Redis")?;
@@ -150,7 +150,7 @@ impl Probe {
     }
 
     /// Waits until every accepted purchase has an order and the outbox is drained, or until
-    /// `timeout`; a spinner shows the progress meanwhile.
+    /// `timeout`, going on across a store outage; a spinner shows the progress meanwhile.
     pub async fn settle(
         &self,
         product_id: i64,
@@ -169,11 +169,20 @@ impl Probe {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let quiet = loop {
             ticks.tick().await;
-            let (orders, _) = self.live_orders(product_id).await?;
-            let outbox = self.outbox_len(product_id).await?;
-            spinner.set_message(format!("orders {orders}/{accepted}, outbox {outbox}"));
-            if orders >= accepted as i64 && outbox == 0 {
-                break true;
+            // A store that does not answer (an outage the run is driving through) is a "not
+            // yet": the wait goes on until it is back or the timeout ends it.
+            let reading = async {
+                let (orders, _) = self.live_orders(product_id).await?;
+                anyhow::Ok((orders, self.outbox_len(product_id).await?))
+            };
+            match reading.await {
+                Ok((orders, outbox)) => {
+                    spinner.set_message(format!("orders {orders}/{accepted}, outbox {outbox}"));
+                    if orders >= accepted as i64 && outbox == 0 {
+                        break true;
+                    }
+                }
+                Err(e) => spinner.set_message(format!("stores not answering: {e:#}")),
             }
             if started.elapsed() >= timeout {
                 break false;
