@@ -1,4 +1,7 @@
-//! The flash-sale load tester's parts, as a library so more than one driver can use them.
+//! The flash-sale load tester's parts, shared by its two drivers: `seckill-loadtest` (one
+//! burst against a running platform, then the verdict) and `seckill-chaos` (the fault
+//! matrix: its own stores and services, a burst per scenario with a fault injected while
+//! purchases are in flight).
 //!
 //! Layout:
 //! - [`product`]: creating the product through the admin API.
@@ -6,8 +9,10 @@
 //! - [`settle`]: read-only access to the stores, the settle wait, the observed numbers.
 //! - [`check`]: the invariants, as pure functions.
 //! - [`report`]: the JSON report and the human summary.
+//! - [`chaos`]: the fault matrix.
 
 pub mod burst;
+pub mod chaos;
 pub mod check;
 pub mod product;
 pub mod report;

@@ -1,0 +1,270 @@
+//! The fault matrix: for each scenario, a sale on the run's own stores and freshly started
+//! services, a burst of buyers through the gateway with a fault injected while purchases are
+//! in flight, a wait until everything in flight has landed, a second wave of patient buyers
+//! (selling must have resumed, and no unit may be left behind a `sold_out`), and the
+//! invariants judged from every answer and straight from the stores.
+//!
+//! Layout:
+//! - [`stack`]: the private stores and the service processes.
+//! - [`scenario`]: the rows of the matrix and their faults.
+//! - [`drive`]: the buyers: paced purchases, every answer kept per buyer.
+//! - [`books`]: the quiet wait and the ledger, read from the stores.
+//! - [`verdict`]: the invariants, as pure functions.
+
+pub mod books;
+pub mod drive;
+pub mod scenario;
+pub mod stack;
+pub mod verdict;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use seckill_auth::TokenMinter;
+use seckill_testkit::LatencyProxy;
+
+use crate::burst;
+use crate::product;
+
+use self::books::Books;
+use self::drive::Wave;
+use self::scenario::Scenario;
+use self::stack::{Services, Stores, Wiring};
+use self::verdict::{Figures, Violation};
+
+/// Validity of the buyers' tokens: longer than any scenario.
+const TOKEN_TTL_SECS: i64 = 3600;
+/// Price of the product on sale.
+const PRICE_CENTS: i64 = 999;
+
+/// How every scenario's sale is shaped.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where the release binaries are.
+    pub bin_dir: PathBuf,
+    /// Where each scenario's service logs go (`<log_dir>/<round>-<scenario>/`).
+    pub log_dir: PathBuf,
+    /// Units on sale.
+    pub stock: i32,
+    /// Buyers in the burst the fault hits.
+    pub users: u64,
+    /// Purchases started per second in the burst.
+    pub rate_per_sec: u32,
+    /// Purchases in flight at most.
+    pub concurrency: usize,
+    /// Longest wait for the system to go quiet after each wave.
+    pub settle_timeout: Duration,
+    /// Extra settings for every service, after the scenario's own.
+    pub service_env: Vec<(String, String)>,
+}
+
+/// How one scenario ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The row.
+    pub scenario: Scenario,
+    /// Its figures.
+    pub figures: Figures,
+    /// What broke; empty is a pass.
+    pub violations: Vec<Violation>,
+    /// `503 ledger_rebuilding` answers seen.
+    pub paused: u64,
+    /// The burst's answers by status (`error`: none came).
+    pub burst_answers: std::collections::BTreeMap<String, u64>,
+    /// Wall time of the scenario.
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    /// The scenario's line: verdict, name, figures, and what broke.
+    pub fn line(&self) -> String {
+        let f = &self.figures;
+        let verdict = if self.violations.is_empty() {
+            "PASS"
+        } else {
+            "FAIL"
+        };
+        let mut line = format!(
+            "{verdict} {:<20} 202s {:>4}  orders {:>4}  failed {:>3}  parked {:>3}  \
+             remaining {:>4}  drift {:>3}  unknown {:>4}  paused {:>4}  ({:.1} s)",
+            self.scenario.name(),
+            f.accepted,
+            f.orders,
+            f.failed,
+            f.parked,
+            f.redis_remaining,
+            f.drift,
+            f.unknown,
+            self.paused,
+            self.elapsed.as_secs_f64()
+        );
+        let answers: Vec<String> = self
+            .burst_answers
+            .iter()
+            .map(|(status, n)| format!("{status}:{n}"))
+            .collect();
+        line.push_str(&format!("\n     burst answers {}", answers.join(" ")));
+        for v in &self.violations {
+            line.push_str(&format!("\n     {}: {}", v.name, v.detail));
+        }
+        line
+    }
+}
+
+/// Runs one scenario as the `index`th of the run (its namespace and database carry it).
+pub async fn run_scenario(
+    stores: &mut Stores,
+    settings: &Settings,
+    index: usize,
+    scenario: Scenario,
+) -> anyhow::Result<Outcome> {
+    let started = Instant::now();
+    let namespace = format!("chaos{index}");
+    let database_url = stores.postgres.url(&format!("seckill_chaos{index}"));
+    let direct_redis = stores.redis.url();
+    let proxy = if scenario.needs_proxy() {
+        let server = SocketAddr::from((Ipv4Addr::LOCALHOST, stores.redis.port()));
+        Some(
+            LatencyProxy::start(server)
+                .await
+                .context("start the Redis latency proxy")?,
+        )
+    } else {
+        None
+    };
+    let wiring = Wiring {
+        database_url: database_url.clone(),
+        redis_url: proxy
+            .as_ref()
+            .map_or(direct_redis.clone(), |p| format!("redis://{}", p.addr())),
+        amqp_url: stores.broker.amqp_url(),
+        management_url: stores
+            .broker
+            .management_url()
+            .context("the run's broker has no management API")?,
+        namespace: namespace.clone(),
+        jwt_secret: format!("chaos-jwt-{}", uuid::Uuid::new_v4().simple()),
+        internal_key: format!("chaos-internal-{}", uuid::Uuid::new_v4().simple()),
+        extra: settings.service_env.clone(),
+    };
+    let log_dir = settings
+        .log_dir
+        .join(format!("{index:02}-{}", scenario.name()));
+    let mut services = Services::start(&settings.bin_dir, &log_dir, scenario.shape(), &wiring)
+        .await
+        .with_context(|| format!("{}: starting the services", scenario.name()))?;
+    let gateways = services.gateway_urls();
+    let client = burst::client(settings.concurrency)?;
+    let minter = TokenMinter::new(&wiring.jwt_secret);
+    let product_id =
+        product::create(&client, &gateways[0], &minter, settings.stock, PRICE_CENTS).await?;
+    let books = Books::connect(
+        &database_url,
+        &direct_redis,
+        &namespace,
+        &wiring.management_url,
+    )
+    .await?;
+
+    // The burst the fault hits. It lands once a quarter of the stock is sold, so there are
+    // purchases in flight and units left on both sides of it.
+    let burst_buyers = burst::mint_buyers(&minter, 10_000, settings.users, TOKEN_TTL_SECS);
+    let wave = Wave {
+        gateway_urls: gateways.clone(),
+        product_id,
+        rate_per_sec: settings.rate_per_sec,
+        concurrency: settings.concurrency,
+        patience: None,
+    };
+    let (answered, accepted) = (AtomicU64::new(0), AtomicU64::new(0));
+    let trigger = u64::try_from(settings.stock / 4).unwrap_or(0).max(1);
+    let fault = async {
+        while accepted.load(Ordering::Relaxed) < trigger
+            && answered.load(Ordering::Relaxed) < settings.users
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        scenario.inject(stores, &mut services, proxy.as_ref()).await
+    };
+    let (first, fault) = tokio::join!(
+        drive::run(&client, &wave, &burst_buyers, &answered, &accepted),
+        fault
+    );
+    fault.with_context(|| format!("{}: injecting the fault", scenario.name()))?;
+    let accepted_ids = |tallies: &[&drive::Tally]| -> Vec<uuid::Uuid> {
+        tallies
+            .iter()
+            .flat_map(|t| t.stories.iter().filter_map(|s| s.accepted))
+            .collect()
+    };
+    let (quiet, motion) = books
+        .settle(
+            product_id,
+            &accepted_ids(&[&first]),
+            settings.settle_timeout,
+        )
+        .await;
+
+    // The buyers after the fault: patient, as many as the stock, so together they could
+    // take every unit left.
+    let later_buyers = burst::mint_buyers(
+        &minter,
+        10_000 + settings.users as i64,
+        u64::try_from(settings.stock.max(1)).unwrap_or(1),
+        TOKEN_TTL_SECS,
+    );
+    let patient = Wave {
+        patience: Some(settings.settle_timeout),
+        ..wave
+    };
+    let second = drive::run(&client, &patient, &later_buyers, &answered, &accepted).await;
+    let (quiet_after, motion_after) = books
+        .settle(
+            product_id,
+            &accepted_ids(&[&first, &second]),
+            settings.settle_timeout,
+        )
+        .await;
+    let ledger = books.ledger(product_id).await?;
+    services.stop().await;
+
+    let (figures, mut violations) = verdict::judge(&first.stories, &second.stories, &ledger);
+    for (went_quiet, motion, wave) in [
+        (quiet, motion, "burst"),
+        (quiet_after, motion_after, "later buyers"),
+    ] {
+        if !went_quiet {
+            violations.push(Violation {
+                name: "not_quiet",
+                detail: format!(
+                    "after the {wave}: {} accepted purchases unrecorded, outbox {}, queued {}, \
+                     compensations {} after {} s",
+                    motion.unrecorded,
+                    motion.outbox,
+                    motion.queued,
+                    motion.compensating,
+                    settings.settle_timeout.as_secs()
+                ),
+            });
+        }
+    }
+    let paused = first.paused + second.paused;
+    if scenario == Scenario::RedisWiped && paused == 0 {
+        violations.push(Violation {
+            name: "not_paused",
+            detail: "nobody was told ledger_rebuilding after Redis lost the ledger".into(),
+        });
+    }
+    Ok(Outcome {
+        scenario,
+        figures,
+        violations,
+        paused,
+        burst_answers: first.status_counts,
+        elapsed: started.elapsed(),
+    })
+}

@@ -1,0 +1,151 @@
+//! The fault matrix's rows: what each scenario breaks, when, and for how long.
+
+use std::time::Duration;
+
+use seckill_testkit::LatencyProxy;
+
+use super::stack::{Role, Services, Shape, Stores};
+
+/// One row of the fault matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// No fault: the yardstick the others are read against.
+    Baseline,
+    /// seckill-api killed with SIGKILL mid-burst, started again 3 s later.
+    KillApi,
+    /// order-service killed with SIGKILL mid-burst, started again 3 s later.
+    KillOrders,
+    /// The gateway killed with SIGKILL mid-burst, started again 2 s later.
+    KillGateway,
+    /// RabbitMQ stopped mid-burst for 30 s.
+    BrokerDown,
+    /// Postgres stopped mid-burst for 20 s.
+    PostgresDown,
+    /// Redis killed with SIGKILL mid-burst and started again from its append-only file.
+    RedisRestart,
+    /// Redis killed mid-burst and started again without its files: the ledger is gone.
+    RedisWiped,
+    /// Redis slow mid-burst: 300 ms per command for 4 s, then 2.5 s (past the services'
+    /// 2 s command timeout) for 3 s.
+    SlowRedis,
+    /// Two replicas of each service serve the sale (gateways sharing Redis rate limits);
+    /// one seckill-api and one order-service replica killed mid-burst, started again 3 s later.
+    Replicas,
+}
+
+impl Scenario {
+    /// Every scenario, in the order the matrix runs them.
+    pub const ALL: [Scenario; 10] = [
+        Scenario::Baseline,
+        Scenario::KillApi,
+        Scenario::KillOrders,
+        Scenario::KillGateway,
+        Scenario::RedisRestart,
+        Scenario::RedisWiped,
+        Scenario::SlowRedis,
+        Scenario::Replicas,
+        Scenario::PostgresDown,
+        Scenario::BrokerDown,
+    ];
+
+    /// The name on its line and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Baseline => "baseline",
+            Scenario::KillApi => "kill-seckill-api",
+            Scenario::KillOrders => "kill-order-service",
+            Scenario::KillGateway => "kill-gateway",
+            Scenario::BrokerDown => "rabbitmq-down-30s",
+            Scenario::PostgresDown => "postgres-down-20s",
+            Scenario::RedisRestart => "redis-restart-aof",
+            Scenario::RedisWiped => "redis-restart-empty",
+            Scenario::SlowRedis => "slow-redis",
+            Scenario::Replicas => "two-replicas-each",
+        }
+    }
+
+    /// The scenario called `name`, if any.
+    pub fn named(name: &str) -> Option<Scenario> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether it belongs to the fast subset CI runs (the ones that do not wait out a long
+    /// outage).
+    pub fn fast(self) -> bool {
+        !matches!(self, Scenario::BrokerDown | Scenario::PostgresDown)
+    }
+
+    /// The services it runs.
+    pub fn shape(self) -> Shape {
+        match self {
+            Scenario::Replicas => Shape {
+                gateways: 2,
+                apis: 2,
+                orders: 2,
+            },
+            _ => Shape::SINGLE,
+        }
+    }
+
+    /// Whether the services reach Redis through a latency proxy.
+    pub fn needs_proxy(self) -> bool {
+        self == Scenario::SlowRedis
+    }
+
+    /// Breaks what the scenario breaks and puts it back; returns once the fault is over.
+    pub async fn inject(
+        self,
+        stores: &mut Stores,
+        services: &mut Services,
+        proxy: Option<&LatencyProxy>,
+    ) -> anyhow::Result<()> {
+        let sleep = |secs: u64| tokio::time::sleep(Duration::from_secs(secs));
+        match self {
+            Scenario::Baseline => {}
+            Scenario::KillApi | Scenario::KillOrders | Scenario::KillGateway => {
+                let (role, down) = match self {
+                    Scenario::KillApi => (Role::Api, 3),
+                    Scenario::KillOrders => (Role::Orders, 3),
+                    _ => (Role::Gateway, 2),
+                };
+                services.kill(role, 0).await?;
+                sleep(down).await;
+                services.restart(role, 0).await?;
+            }
+            Scenario::Replicas => {
+                services.kill(Role::Api, 1).await?;
+                services.kill(Role::Orders, 0).await?;
+                sleep(3).await;
+                services.restart(Role::Api, 1).await?;
+                services.restart(Role::Orders, 0).await?;
+            }
+            Scenario::BrokerDown => {
+                stores.broker.stop().await;
+                sleep(30).await;
+                stores.broker.restart().await;
+            }
+            Scenario::PostgresDown => {
+                stores.postgres.stop().await;
+                sleep(20).await;
+                stores.postgres.restart().await;
+            }
+            // Both wait for the new server's PING on this thread: fine for a runtime with
+            // others to run the burst meanwhile.
+            Scenario::RedisRestart => {
+                tokio::task::block_in_place(|| stores.redis.kill_and_restart());
+            }
+            Scenario::RedisWiped => {
+                tokio::task::block_in_place(|| stores.redis.wipe_and_restart());
+            }
+            Scenario::SlowRedis => {
+                let proxy = proxy.ok_or_else(|| anyhow::anyhow!("slow-redis needs its proxy"))?;
+                proxy.set_delay(Duration::from_millis(300));
+                sleep(4).await;
+                proxy.set_delay(Duration::from_millis(2500));
+                sleep(3).await;
+                proxy.set_delay(Duration::ZERO);
+            }
+        }
+        Ok(())
+    }
+}
