@@ -6,6 +6,9 @@
 # Arguments go to `cargo test` (e.g. `scripts/test.sh -p gateway`, `scripts/test.sh -- --nocapture`);
 # SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only. A cluster the run
 # started is stopped at its end; one that was already up and healthy is left as it was.
+# Then, for the whole suite (no arguments), the fault matrix's fast scenarios
+# (`scripts/chaos.sh --fast` on the binaries the tests built; its own stores, a few minutes);
+# SECKILL_TEST_CHAOS=0 skips it, =1 runs it with arguments too.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -52,6 +55,13 @@ for mode in $modes; do
   say "cargo test ${scope[*]-} $* (Redis: $mode)"
   cargo test "${scope[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
 done
-totals=$(awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed", passed, failed }' "$log")
+chaos=${SECKILL_TEST_CHAOS:-$((($# == 0) ? 1 : 0))}
+if [ "$chaos" = 1 ]; then
+  say "fault matrix, fast scenarios: scripts/chaos.sh --debug-build --fast"
+  "$SCRIPTS/chaos.sh" --debug-build --fast 2>&1 | tee -a "$log" || status=$?
+fi
+totals=$(awk '/^test result:/ { passed += $4; failed += $6 }
+  /^chaos: [0-9]+ passed, [0-9]+ failed$/ { passed += $2; failed += $4 }
+  END { printf "%d passed, %d failed", passed, failed }' "$log")
 echo "tests: $totals"
 exit "$status"
