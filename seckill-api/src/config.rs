@@ -54,6 +54,15 @@ pub struct Settings {
     /// Refuse to start when Redis could lose an acknowledged write (no AOF, or a
     /// `maxmemory-policy` that evicts); otherwise such a Redis is only warned about.
     pub require_durable_redis: bool,
+    /// Replicas that must hold an accepted purchase's Redis write before it is answered
+    /// (`WAIT`); 0: none asked for. The purchase stands either way: a short count is logged
+    /// and counted (`seckill_redis_wait_short_total`).
+    pub redis_wait_replicas: u32,
+    /// Whether the Redis server's own append-only file must have the write fsynced first
+    /// (`WAITAOF 1 <replicas>`, Redis 7.2 or later).
+    pub redis_wait_aof: bool,
+    /// Longest such a wait.
+    pub redis_wait_timeout_ms: u64,
     /// Buckets a new product's stock is split into unless its creation names a count.
     pub stock_buckets: i16,
     /// How long after its reservation a sweep may still take a unit from another bucket.
@@ -86,11 +95,25 @@ impl Default for Settings {
             publish_channels: 4,
             amqp_management_url: String::new(),
             require_durable_redis: false,
+            redis_wait_replicas: 0,
+            redis_wait_aof: false,
+            redis_wait_timeout_ms: 100,
             stock_buckets: 16,
             sweep_fence_ms: 5_000,
             sweep_skew_margin_ms: 10_000,
             sold_out_local_ttl_ms: 500,
         }
+    }
+}
+
+impl Settings {
+    /// The copies an accepted purchase's write waits for, if any are asked for.
+    pub fn redis_wait(&self) -> Option<seckill_store::WaitFor> {
+        (self.redis_wait_replicas > 0 || self.redis_wait_aof).then(|| seckill_store::WaitFor {
+            replicas: self.redis_wait_replicas,
+            local_aof: self.redis_wait_aof,
+            timeout: std::time::Duration::from_millis(self.redis_wait_timeout_ms),
+        })
     }
 }
 
@@ -109,6 +132,11 @@ impl Validate for Settings {
         }
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
             return Err("stock_buckets must be between 1 and 1024".into());
+        }
+        if (self.redis_wait_replicas > 0 || self.redis_wait_aof) && self.redis_wait_timeout_ms == 0
+        {
+            // WAIT with a zero timeout blocks for ever.
+            return Err("redis_wait_timeout_ms must be positive when a wait is asked for".into());
         }
         if self.sweep_fence_ms == 0 {
             return Err("sweep_fence_ms must be positive".into());

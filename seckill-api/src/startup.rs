@@ -104,7 +104,8 @@ impl Application {
                 settings.backend.amqp_url.expose(),
                 &settings.amqp_management_url,
                 &settings.backend.namespace,
-            )?),
+            )?)
+            .with_wait(settings.redis_wait()),
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),
             keys: keys.clone(),

@@ -16,5 +16,5 @@ pub mod redis_handle;
 pub mod result;
 
 pub use keys::{RedisKeys, home_bucket};
-pub use redis_handle::{Redis, RedisConn};
+pub use redis_handle::{Redis, RedisConn, WaitFor};
 pub use result::PurchaseResult;

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
 /// Command and connect timeout. redis-rs defaults to 500 ms, short enough that a Redis pause
@@ -149,5 +149,69 @@ impl ConnectionLike for RedisConn {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// How many copies of a write to wait for once it is done (`WAIT` / `WAITAOF`), and how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitFor {
+    /// Replicas that must have the write.
+    pub replicas: u32,
+    /// Whether the server's own append-only file must have it fsynced (`WAITAOF`, Redis 7.2+).
+    pub local_aof: bool,
+    /// Longest wait; the write stands either way.
+    pub timeout: Duration,
+}
+
+impl WaitFor {
+    /// The command: `WAITAOF 1 <replicas> <ms>` when the local AOF counts, else
+    /// `WAIT <replicas> <ms>`.
+    fn command(&self) -> Cmd {
+        let millis = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        if self.local_aof {
+            let mut cmd = redis::cmd("WAITAOF");
+            cmd.arg(1).arg(self.replicas).arg(millis);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(self.replicas).arg(millis);
+            cmd
+        }
+    }
+
+    /// Whether the reply says every copy asked for is there.
+    fn satisfied_by(&self, reply: &Value) -> RedisResult<bool> {
+        use redis::FromRedisValue;
+        if self.local_aof {
+            let (local, replicas) = <(i64, i64)>::from_redis_value_ref(reply)?;
+            Ok(local >= 1 && replicas >= i64::from(self.replicas))
+        } else {
+            Ok(i64::from_redis_value_ref(reply)? >= i64::from(self.replicas))
+        }
+    }
+}
+
+impl RedisConn {
+    /// Waits until the writes this connection made so far (the script just run on `key`, at
+    /// least) have the copies `wait` asks for, or its timeout passed; `Ok(false)` when they
+    /// do not. `WAIT` counts a connection's own writes, so it runs on this connection (on a
+    /// cluster, on the master of `key`'s slot, which executed them).
+    pub async fn wait_for(&mut self, key: &str, wait: WaitFor) -> RedisResult<bool> {
+        let cmd = wait.command();
+        let reply = match self {
+            Self::Single(c) => c.req_packed_command(&cmd).await?,
+            Self::Cluster(c) => {
+                use redis::cluster_routing::{
+                    Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+                };
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await?
+            }
+        };
+        wait.satisfied_by(&reply)
     }
 }

@@ -59,7 +59,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use seckill_messaging::OrderMessage;
-use seckill_store::{Redis, RedisKeys, home_bucket};
+use seckill_store::{Redis, RedisConn, RedisKeys, WaitFor, home_bucket};
 
 pub mod fence;
 mod snapshot;
@@ -164,6 +164,8 @@ pub struct StockEngine {
     /// Tells when a product whose ledger Redis lost may be loaded again; `None`: never
     /// automatically (such a product stays refused).
     fence: Option<std::sync::Arc<Fence>>,
+    /// Copies (replicas, local AOF) an accepted purchase's write waits for; `None`: none.
+    wait: Option<WaitFor>,
 }
 
 impl std::fmt::Debug for StockEngine {
@@ -208,6 +210,38 @@ impl StockEngine {
             }),
             timings,
             fence: None,
+            wait: None,
+        }
+    }
+
+    /// The same engine, waiting for `wait`'s copies of every accepted purchase's write.
+    pub fn with_wait(mut self, wait: Option<WaitFor>) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Waits for the copies asked for of the purchase just written through `conn` to `key`.
+    /// The purchase stands either way (its unit is taken and its intent recorded); a short
+    /// count means a failover or a crash of this Redis could still lose it, so it is logged
+    /// and counted for the operator.
+    async fn await_copies(&self, conn: &mut RedisConn, key: &str) {
+        let Some(wait) = self.wait else {
+            return;
+        };
+        let short = match conn.wait_for(key, wait).await {
+            Ok(all_there) => !all_there,
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for copies of a purchase failed");
+                true
+            }
+        };
+        if short {
+            metrics::counter!("seckill_redis_wait_short_total").increment(1);
+            tracing::warn!(
+                replicas = wait.replicas,
+                local_aof = wait.local_aof,
+                "an accepted purchase has fewer Redis copies than asked for"
+            );
         }
     }
 
@@ -274,6 +308,10 @@ impl StockEngine {
             .arg(stale.as_millis() as u64)
             .invoke_async(&mut conn)
             .await;
+        if matches!(invoked, Ok((1, _))) {
+            self.await_copies(&mut conn, &self.keys.stock(id, home))
+                .await;
+        }
         // Give the connection back before a load or a check, which need connections of
         // their own: holding one while waiting for another starves the pool in a burst.
         drop(conn);
@@ -432,6 +470,10 @@ impl StockEngine {
             .arg(self.timings.sweep_fence.as_millis() as u64)
             .invoke_async(&mut conn)
             .await;
+        if matches!(invoked, Ok((1, _))) {
+            self.await_copies(&mut conn, &self.keys.stock(id, bucket))
+                .await;
+        }
         drop(conn);
         match invoked {
             Ok((code, entry_id)) => {
