@@ -11,7 +11,7 @@
 //! and the queue holds N. Under purchase traffic the handlers hint the relay which streams
 //! have news; `--hints on` simulates that (every stream hinted every millisecond), `--hints
 //! off` shows a backlog drained with no traffic (after a broker outage, say), where the relay
-//! only finds the streams on its periodic full scan.
+//! only finds the streams on its periodic safety scan.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +25,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation};
 use tokio_util::sync::CancellationToken;
 
-use seckill_api::relay::{Relay, RelayHints, create_group};
+use seckill_api::relay::{Relay, RelayHints, create_group, register};
 use seckill_messaging::{HEADER_ATTEMPT, HEADER_REQUEST_ID, OrderMessage};
 use seckill_store::{Redis, RedisConn};
 use seckill_testkit::TestNamespace;
@@ -40,7 +40,7 @@ const PRODUCT: i64 = 1;
 enum Hints {
     /// Every stream hinted every millisecond, as purchase traffic does.
     On,
-    /// No hints: a backlog found by the relay's periodic full scan only.
+    /// No hints: a backlog found by the relay's periodic safety scan only.
     Off,
     /// One run of each.
     Both,
@@ -290,11 +290,7 @@ async fn fill(
     let keys = ns.keys();
     let names: Vec<String> = (0..streams).map(|b| keys.outbox(PRODUCT, b)).collect();
     for name in &names {
-        let _: i64 = redis::cmd("SADD")
-            .arg(keys.outbox_registry())
-            .arg(name)
-            .query_async(conn)
-            .await?;
+        register(conn, &keys, name, i64::MAX).await?;
         create_group(conn, name).await?;
     }
     for (chunk_index, chunk) in entries.chunks(1_000).enumerate() {
@@ -427,6 +423,9 @@ async fn relayed(
         consumer: format!("bench-{}", uuid::Uuid::new_v4().simple()),
         // The relay alone publishes what is in the outbox: what this bench measures.
         handlers_publish: false,
+        scan_every: seckill_api::relay::SCAN_EVERY,
+        consumer_idle: seckill_api::relay::CONSUMER_IDLE,
+        work: Arc::default(),
     };
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));

@@ -156,6 +156,9 @@ impl Application {
             connected: broker_connected,
             consumer: format!("api-{}", uuid::Uuid::new_v4().simple()),
             handlers_publish: publisher.is_some(),
+            scan_every: crate::relay::SCAN_EVERY,
+            consumer_idle: crate::relay::CONSUMER_IDLE,
+            work: Arc::default(),
         };
         Ok(Self {
             listener,

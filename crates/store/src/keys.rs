@@ -81,10 +81,25 @@ impl RedisKeys {
         self.product(product_id, "missing")
     }
 
-    /// Set of outbox stream keys the relay must drain. A stream is registered before its
-    /// product's stock is loaded, so no accepted purchase can sit in an unknown stream.
+    /// Sorted set of the outbox streams the relay must watch, each scored with the unix ms
+    /// until which a purchase may write to it (its sale's end). A stream is registered
+    /// before its bucket is loaded or its window moved, so no accepted purchase can sit in
+    /// an unknown stream; the relay retires streams whose sale ended and that are empty.
     pub fn outbox_registry(&self) -> String {
+        format!("{}:outbox-registry", self.ns)
+    }
+
+    /// The registry of earlier versions: a plain set of every outbox stream ever loaded.
+    /// The relay moves its members into [`RedisKeys::outbox_registry`].
+    pub fn legacy_outbox_registry(&self) -> String {
         format!("{}:outboxes", self.ns)
+    }
+
+    /// The stock hash of the bucket whose outbox stream is `outbox` (None if it is not one).
+    pub fn stock_of_outbox(&self, outbox: &str) -> Option<String> {
+        outbox
+            .strip_suffix(":outbox")
+            .map(|bucket| format!("{bucket}:stock"))
     }
 
     /// A purchase's `Idempotency-Key` record, scoped to its user (one key per user, whatever
@@ -135,6 +150,10 @@ mod tests {
             assert!(key.starts_with("t1:{p9.b3}:"), "{key}");
         }
         assert!(keys.product_state(9).starts_with("t1:{p9}:"));
+        assert_eq!(
+            keys.stock_of_outbox(&keys.outbox(9, 3)),
+            Some(keys.stock(9, 3))
+        );
         assert_ne!(keys.stock(9, 3), keys.stock(9, 4));
         assert_ne!(keys.stock(9, 0), keys.stock(90, 0));
     }

@@ -10,10 +10,16 @@
 //! last one stopped). Delivery is therefore at-least-once; order-service makes it
 //! exactly-once in effect.
 //!
-//! Which streams to read: the purchase handler hints the stream it just wrote to, so in a
-//! burst the relay reads only the streams that have news; every [`FULL_SCAN_EVERY`] it reads
-//! every registered stream, which picks up entries another replica wrote and did not
-//! relay (it died between the script and its relay's read).
+//! Which streams to read: the purchase handler hints the stream it left an entry in, so the
+//! relay reads the streams that have news; it revisits the streams it knows hold entries
+//! every [`REVISIT_EVERY`], and drops them from that set once empty (pruning their group's
+//! idle consumers, the names of dead replicas). Every `scan_every` a safety scan
+//! ([`registry`]) probes every registered stream's length in batches, which picks up
+//! entries another replica wrote and did not relay (it died between the script and its
+//! publish), and retires the streams of finished sales once empty. So a pass costs Redis
+//! work in proportion to the streams holding entries; only the safety scan touches the
+//! streams of sales still running, a page per round trip, and those of finished ones not at
+//! all. [`RelayWork`] counts the commands.
 //!
 //! Behind handlers that publish their own purchases (`publish_on_accept`, the default), the
 //! relay is the safety net: a handler deletes its entry once the broker confirmed it, so the
@@ -23,23 +29,32 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Confirmation};
+use redis::aio::ConnectionLike;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::Topology;
-use seckill_store::{RedisConn, RedisKeys};
+use seckill_store::RedisKeys;
+
+pub mod registry;
+
+use registry::Counted;
+pub use registry::{RelayWork, prune_consumers, register};
 
 /// The consumer group every replica's relay joins.
 pub const GROUP: &str = "relay";
 
 /// Creates the relay's consumer group on `stream` (and the stream), if missing.
-pub async fn create_group(conn: &mut RedisConn, stream: &str) -> redis::RedisResult<()> {
+pub async fn create_group<C: ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+) -> redis::RedisResult<()> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(stream)
@@ -55,8 +70,8 @@ pub async fn create_group(conn: &mut RedisConn, stream: &str) -> redis::RedisRes
 }
 
 /// Removes published entries from `stream` and from every consumer's pending list.
-pub async fn ack_and_delete(
-    conn: &mut RedisConn,
+pub async fn ack_and_delete<C: ConnectionLike + Send>(
+    conn: &mut C,
     stream: &str,
     ids: &[impl redis::ToRedisArgs],
 ) -> redis::RedisResult<()> {
@@ -128,6 +143,12 @@ pub struct Relay {
     /// a new entry is most likely being published by its handler right now, so the relay
     /// leaves it pending and publishes it only if it is still there `reclaim_idle` later.
     pub handlers_publish: bool,
+    /// How often the safety scan probes every registered stream (see [`registry`]).
+    pub scan_every: Duration,
+    /// Consumers of the group holding no entry and idle this long are deleted.
+    pub consumer_idle: Duration,
+    /// Redis commands this relay sent, and its safety scans.
+    pub work: Arc<RelayWork>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -141,8 +162,16 @@ impl std::fmt::Debug for Relay {
 const IDLE_TICK: Duration = Duration::from_millis(50);
 /// Longest the relay waits for one round's confirms before it reconnects (entries stay).
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often every registered stream is read, hinted or not.
-pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
+/// How often the streams known to hold entries are read again, hinted or not.
+pub const REVISIT_EVERY: Duration = Duration::from_secs(1);
+/// The default `scan_every`: how long an entry nobody hinted (its replica died right after
+/// writing it) may wait to be found.
+pub const SCAN_EVERY: Duration = Duration::from_secs(5);
+/// The default `consumer_idle`: a replica silent this long with nothing pending is gone (a
+/// live one that is deleted anyway joins again on its next read, losing nothing).
+pub const CONSUMER_IDLE: Duration = Duration::from_secs(600);
+/// How often one stream's group is pruned at most.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
 /// How often entries are reclaimed when the handlers publish: the reclaim is then how the
 /// relay publishes what they left behind.
@@ -201,37 +230,53 @@ impl Relay {
     /// Publishes until cancelled or until the broker or Redis fails.
     async fn pump(&self, channel: &Channel, cancel: &CancellationToken) -> anyhow::Result<()> {
         // After a (re)connect, replay our own pending entries first: they may have been
-        // published without a confirm reaching us.
+        // published without a confirm reaching us. They are in streams holding entries,
+        // which the first pass's safety scan finds.
         let mut replay_own = true;
-        let mut last_scan = Instant::now() - FULL_SCAN_EVERY;
+        let mut last_scan = Instant::now();
+        let mut last_revisit = Instant::now();
         let reclaim_every = if self.handlers_publish {
             RECLAIM_EVERY_BEHIND_HANDLERS
         } else {
             RECLAIM_EVERY
         };
         let mut last_reclaim = Instant::now() - reclaim_every;
-        let mut cursors: HashMap<String, String> = HashMap::new();
+        // Streams known to hold entries, with their reclaim cursors.
+        let mut busy: HashMap<String, String> = HashMap::new();
+        let mut pruned: HashMap<String, Instant> = HashMap::new();
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
-            let mut conn = self.redis.get().await?;
-            let full_scan = replay_own || last_scan.elapsed() >= FULL_SCAN_EVERY;
+            let mut conn = Counted::new(self.redis.get().await?, &self.work);
+            let scan = replay_own || last_scan.elapsed() >= self.scan_every;
             let reclaim = last_reclaim.elapsed() >= reclaim_every;
             let mut streams = self.hints.take();
-            if full_scan || reclaim {
-                let registered: Vec<String> = redis::cmd("SMEMBERS")
-                    .arg(self.keys.outbox_registry())
-                    .query_async(&mut conn)
-                    .await?;
-                self.report_backlog(&mut conn, &registered).await;
-                streams.extend(registered);
+            if scan {
+                let found = registry::scan(
+                    &self.redis,
+                    &self.work,
+                    &self.keys,
+                    &self.consumer,
+                    self.consumer_idle,
+                    unix_ms(),
+                )
+                .await?;
+                metrics::gauge!("outbox_backlog").set(found.backlog as f64);
+                for stream in found.busy {
+                    busy.entry(stream).or_insert_with(|| "0-0".into());
+                }
+                pruned.retain(|_, at| at.elapsed() < PRUNE_EVERY);
                 last_scan = Instant::now();
             }
+            if scan || reclaim || last_revisit.elapsed() >= REVISIT_EVERY {
+                streams.extend(busy.keys().cloned());
+                last_revisit = Instant::now();
+            }
             let mut round = Vec::new();
-            for stream in streams {
+            for stream in &streams {
                 let read = self
-                    .read(&mut conn, &stream, if replay_own { "0" } else { ">" })
+                    .read(&mut conn, stream, if replay_own { "0" } else { ">" })
                     .await?;
                 // Read, the entries are pending on this relay: the reclaim finds those
                 // their handlers did not publish and delete.
@@ -241,13 +286,11 @@ impl Relay {
                     read
                 };
                 if reclaim {
-                    let cursor = cursors
-                        .entry(stream.clone())
-                        .or_insert_with(|| "0-0".into());
-                    entries.extend(self.reclaim(&mut conn, &stream, cursor).await?);
+                    let cursor = busy.entry(stream.clone()).or_insert_with(|| "0-0".into());
+                    entries.extend(self.reclaim(&mut conn, stream, cursor).await?);
                 }
                 if !entries.is_empty() {
-                    round.push((stream, entries));
+                    round.push((stream.clone(), entries));
                 }
             }
             if reclaim {
@@ -255,6 +298,19 @@ impl Relay {
             }
             replay_own = false;
             let moved = self.publish(channel, &mut conn, round).await?;
+            for stream in streams {
+                let length: i64 = redis::cmd("XLEN")
+                    .arg(&stream)
+                    .query_async(&mut conn)
+                    .await?;
+                if length > 0 {
+                    busy.entry(stream).or_insert_with(|| "0-0".into());
+                } else if busy.remove(&stream).is_some() && !pruned.contains_key(&stream) {
+                    // Drained: dead replicas' names in its group hold nothing any more.
+                    prune_consumers(&mut conn, &stream, &self.consumer, self.consumer_idle).await?;
+                    pruned.insert(stream, Instant::now());
+                }
+            }
             drop(conn);
             if moved == 0 {
                 tokio::select! {
@@ -266,20 +322,9 @@ impl Relay {
         }
     }
 
-    /// Sets the `outbox_backlog` gauge: entries in every outbox stream, confirmed or not.
-    async fn report_backlog(&self, conn: &mut RedisConn, streams: &[String]) {
-        let mut backlog = 0i64;
-        for stream in streams {
-            let len: redis::RedisResult<i64> =
-                redis::cmd("XLEN").arg(stream).query_async(conn).await;
-            backlog += len.unwrap_or(0);
-        }
-        metrics::gauge!("outbox_backlog").set(backlog as f64);
-    }
-
-    async fn read(
+    async fn read<C: ConnectionLike + Send>(
         &self,
-        conn: &mut RedisConn,
+        conn: &mut C,
         stream: &str,
         from: &str,
     ) -> anyhow::Result<Vec<StreamId>> {
@@ -307,9 +352,9 @@ impl Relay {
             .unwrap_or_default())
     }
 
-    async fn reclaim(
+    async fn reclaim<C: ConnectionLike + Send>(
         &self,
-        conn: &mut RedisConn,
+        conn: &mut C,
         stream: &str,
         cursor: &mut String,
     ) -> anyhow::Result<Vec<StreamId>> {
@@ -346,10 +391,10 @@ impl Relay {
     /// Publishes every entry of the round with all confirms in flight together, then acks
     /// and deletes them, stream by stream, if every one was confirmed and routed. Returns
     /// how many; fails (keeping all of them pending) if any was not.
-    async fn publish(
+    async fn publish<C: ConnectionLike + Send>(
         &self,
         channel: &Channel,
-        conn: &mut RedisConn,
+        conn: &mut C,
         round: Vec<(String, Vec<StreamId>)>,
     ) -> anyhow::Result<usize> {
         if round.is_empty() {
@@ -423,4 +468,10 @@ impl Relay {
         .await
         .context("publish")
     }
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

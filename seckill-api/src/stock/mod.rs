@@ -669,6 +669,15 @@ impl StockEngine {
         let id = product.id;
         for bucket in 0..product.buckets() {
             let mut conn = self.redis.get().await?;
+            // Before the window opens further: the relay must not retire a stream that
+            // purchases can write to again (see `relay::registry`).
+            crate::relay::register(
+                &mut conn,
+                &self.keys,
+                &self.keys.outbox(id, bucket),
+                product.end_at.timestamp_millis(),
+            )
+            .await?;
             let _: i64 = self
                 .scripts
                 .window
@@ -876,11 +885,13 @@ impl StockEngine {
             // Register the outbox (and its consumer group) before any unit can be sold, so
             // the relay knows every stream that can hold an accepted purchase.
             let outbox = self.keys.outbox(product.id, bucket);
-            let _: i64 = redis::cmd("SADD")
-                .arg(self.keys.outbox_registry())
-                .arg(&outbox)
-                .query_async(&mut conn)
-                .await?;
+            crate::relay::register(
+                &mut conn,
+                &self.keys,
+                &outbox,
+                product.end_at.timestamp_millis(),
+            )
+            .await?;
             crate::relay::create_group(&mut conn, &outbox).await?;
             let mut invocation = self.scripts.load.prepare_invoke();
             invocation
