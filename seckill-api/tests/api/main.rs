@@ -10,4 +10,5 @@ mod helpers;
 mod idempotency;
 mod products;
 mod purchase;
+mod relay;
 mod resilience;
