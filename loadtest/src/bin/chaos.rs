@@ -34,19 +34,19 @@ struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
     /// Units on sale in each scenario.
-    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(i32).range(4..))]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i32).range(4..))]
     stock: i32,
     /// Buyers in the burst the fault hits.
-    #[arg(long, default_value_t = 1600, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(1..))]
     users: u64,
     /// Purchases started per second.
-    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
     /// Purchases in flight at most.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=4096))]
     concurrency: u64,
     /// Longest wait for the system to go quiet after each wave, seconds.
-    #[arg(long, default_value_t = 180)]
+    #[arg(long, default_value_t = 120)]
     settle_timeout_secs: u64,
     /// A setting for every service of every scenario, `NAME=value` (repeatable): e.g.
     /// `SECKILL_AMQP_QUEUE_TYPE=classic`, or `SECKILL_API_PUBLISH_ON_ACCEPT=false` to see
