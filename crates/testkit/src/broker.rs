@@ -54,17 +54,19 @@ impl OwnBroker {
     /// Starts a fresh RabbitMQ node on free loopback ports with its own data dir; waits until
     /// AMQP accepts guest/guest. Panics (with the node's log tail) if it is not ready in 60 s.
     pub async fn start() -> OwnBroker {
-        Self::start_node(false).await
+        Self::start_node(false, None).await
     }
 
     /// Like [`OwnBroker::start`], with the management plugin listening on a free loopback
     /// port of its own ([`OwnBroker::management_url`]): for a service that reads queue
     /// figures from the management API.
     pub async fn start_with_management() -> OwnBroker {
-        Self::start_node(true).await
+        Self::start_node(true, None).await
     }
 
-    async fn start_node(management: bool) -> OwnBroker {
+    /// A node as above; with `cookie`, the Erlang cookie it shares with the other nodes of a
+    /// cluster (else Erlang makes one up on first start).
+    pub(crate) async fn start_node(management: bool, cookie: Option<&str>) -> OwnBroker {
         sweep_orphans();
         let id = format!(
             "{}-{}",
@@ -98,6 +100,14 @@ impl OwnBroker {
             }
         }
         write(&dir.join("rabbitmq-env.conf"), "");
+        if let Some(cookie) = cookie {
+            // $HOME/.erlang.cookie (HOME is our dir); Erlang refuses one others can read.
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.join(".erlang.cookie");
+            write(&path, cookie);
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o400))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+        }
         let broker = OwnBroker {
             node_name: format!("{NODE_PREFIX}{id}@localhost"),
             dir,
@@ -181,7 +191,37 @@ impl OwnBroker {
 
     /// Runs `rabbitmqctl -n <node> <args>` against this node, panicking if it fails.
     pub async fn ctl(&self, args: &[&str]) {
-        let output = tokio::process::Command::new(ctl_script())
+        self.cli("rabbitmqctl", args).await;
+    }
+
+    /// The node's name, `seckill-test-<pid>-<n>@localhost`.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Kills the node with SIGKILL (no orderly shutdown) and waits until its process is
+    /// gone; [`OwnBroker::restart`] brings it back with its data.
+    pub async fn kill(&self) {
+        if let Some(pid) = self.running_pid() {
+            signal(pid, "KILL");
+            let deadline = Instant::now() + PATIENCE;
+            while node_alive(pid, &self.node_name) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        *self.pid.lock().expect("pid lock") = None;
+    }
+
+    /// Waits until the node (started again by a cluster join) accepts AMQP logins.
+    pub(crate) async fn wait_accepting(&self) {
+        self.wait_ready("join").await;
+    }
+
+    /// Runs one of RabbitMQ's CLI tools (`rabbitmqctl`, `rabbitmq-queues`, …) with
+    /// `-n <node> <args>` against this node and returns what it printed, panicking if it
+    /// fails.
+    pub(crate) async fn cli(&self, tool: &str, args: &[&str]) -> String {
+        let output = tokio::process::Command::new(cli_script(tool))
             .arg("-n")
             .arg(&self.node_name)
             .args(args)
@@ -189,13 +229,14 @@ impl OwnBroker {
             .current_dir(&self.dir)
             .output()
             .await
-            .unwrap_or_else(|e| panic!("cannot run rabbitmqctl: {e}"));
+            .unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
         assert!(
             output.status.success(),
-            "rabbitmqctl {args:?} failed: {}{}",
+            "{tool} {args:?} failed: {}{}",
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
     fn amqp_addr(&self) -> SocketAddr {
@@ -354,13 +395,13 @@ fn server_script() -> PathBuf {
     "rabbitmq-server".into()
 }
 
-/// `rabbitmqctl` next to the server script we run (the Debian wrapper in /usr/sbin would
-/// switch users and lose our `HOME`, hence the node's cookie).
-fn ctl_script() -> PathBuf {
+/// A CLI tool (`rabbitmqctl`, …) next to the server script we run (the Debian wrappers in
+/// /usr/sbin would switch users and lose our `HOME`, hence the node's cookie).
+fn cli_script(tool: &str) -> PathBuf {
     let server = server_script();
     match server.parent() {
-        Some(dir) if dir.join("rabbitmqctl").exists() => dir.join("rabbitmqctl"),
-        _ => "rabbitmqctl".into(),
+        Some(dir) if dir.join(tool).exists() => dir.join(tool),
+        _ => tool.into(),
     }
 }
 

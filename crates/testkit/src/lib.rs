@@ -10,11 +10,13 @@
 //! URLs, as `scripts/redis-cluster.sh url` prints) runs the same tests on a Redis Cluster.
 
 pub mod broker;
+pub mod broker_cluster;
 pub mod latency_proxy;
 pub mod own_postgres;
 pub mod own_redis;
 
 pub use broker::OwnBroker;
+pub use broker_cluster::OwnBrokerCluster;
 pub use latency_proxy::LatencyProxy;
 pub use own_postgres::OwnPostgres;
 pub use own_redis::{OwnRedis, Persistence};
