@@ -17,6 +17,9 @@ use tokio::process::{Child, Command};
 
 use seckill_testkit::{OwnBroker, OwnPostgres, OwnRedis, Persistence};
 
+/// Where the services' ports are picked from.
+const SERVICE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
 /// How long a service may take to answer `/readyz` after it was (re)started.
 const READY_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -182,8 +185,11 @@ impl Process {
                     self.log.display()
                 );
             }
+            // Our services' readiness report, not merely a 200 from whoever holds the port.
             if let Ok(response) = http.get(&url).send().await
                 && response.status().is_success()
+                && let Ok(report) = response.json::<serde_json::Value>().await
+                && report["ready"] == true
             {
                 return Ok(());
             }
@@ -339,9 +345,16 @@ fn common_env(wiring: &Wiring) -> Vec<(String, String)> {
     .collect()
 }
 
-/// A port nobody listens on now (released for the service: a small race, fine here).
+/// A port nobody listens on now, below the kernel's ephemeral range (32768 and up on Linux),
+/// where no `bind(0)` and no outgoing connection can take it between this check and the
+/// service's own bind: during a burst thousands of client sockets use ephemeral ports.
 fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .context("bind 127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    for _ in 0..100 {
+        let random = u16::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..2].try_into()?);
+        let port = SERVICE_PORTS.start + random % (SERVICE_PORTS.end - SERVICE_PORTS.start);
+        if TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port in {SERVICE_PORTS:?}")
 }
