@@ -2,8 +2,8 @@
 # The fault matrix: every scenario of issue "a 202 that survives any single fault", one line
 # each, then `chaos: N passed, N failed`.
 #
-#   scripts/chaos.sh                       # every scenario (about 10 minutes)
-#   scripts/chaos.sh --fast                # the fast subset CI runs (no 20-30 s outages)
+#   scripts/chaos.sh                       # every scenario (about 4 minutes)
+#   scripts/chaos.sh --fast                # the fast subset CI runs (no outages, no cluster)
 #   scripts/chaos.sh --rounds 3            # the whole matrix three times over
 #   scripts/chaos.sh --scenarios redis-restart-empty,kill-seckill-api
 #   scripts/chaos.sh --list                # the scenarios

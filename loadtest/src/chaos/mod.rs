@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use seckill_auth::TokenMinter;
-use seckill_testkit::LatencyProxy;
+use seckill_testkit::{LatencyProxy, OwnBrokerCluster};
 
 use crate::burst;
 use crate::product;
@@ -136,16 +136,21 @@ pub async fn run_scenario(
     } else {
         None
     };
+    let cluster = if scenario.needs_broker_cluster() {
+        Some(OwnBrokerCluster::start(3).await)
+    } else {
+        None
+    };
+    let broker = cluster.as_ref().map_or(&stores.broker, |c| c.node(0));
     let wiring = Wiring {
         database_url: database_url.clone(),
         redis_url: proxy
             .as_ref()
             .map_or(direct_redis.clone(), |p| format!("redis://{}", p.addr())),
-        amqp_url: stores.broker.amqp_url(),
-        management_url: stores
-            .broker
+        amqp_url: broker.amqp_url(),
+        management_url: broker
             .management_url()
-            .context("the run's broker has no management API")?,
+            .context("the broker has no management API")?,
         namespace: namespace.clone(),
         jwt_secret: format!("chaos-jwt-{}", uuid::Uuid::new_v4().simple()),
         internal_key: format!("chaos-internal-{}", uuid::Uuid::new_v4().simple()),
@@ -169,6 +174,17 @@ pub async fn run_scenario(
         &wiring.management_url,
     )
     .await?;
+    let doomed_node = match &cluster {
+        // The order queue's leader on a node the services are not connected to: losing it
+        // makes the queue elect a new leader under their feet.
+        Some(cluster) => {
+            let queue = seckill_messaging::Topology::new(&namespace).queue;
+            let leader = cluster.move_leader_off_first_node(&queue).await;
+            eprintln!("seckill-chaos: {queue} is led by node {leader}, which will be killed");
+            leader
+        }
+        None => 0,
+    };
 
     // The burst the fault hits. It lands once a quarter of the stock is sold, so there are
     // purchases in flight and units left on both sides of it.
@@ -188,7 +204,15 @@ pub async fn run_scenario(
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        scenario.inject(stores, &mut services, proxy.as_ref()).await
+        scenario
+            .inject(
+                stores,
+                &mut services,
+                proxy.as_ref(),
+                cluster.as_ref(),
+                doomed_node,
+            )
+            .await
     };
     let (first, fault) = tokio::join!(
         drive::run(&client, &wave, &burst_buyers, &answered, &accepted),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use seckill_testkit::LatencyProxy;
+use seckill_testkit::{LatencyProxy, OwnBrokerCluster};
 
 use super::stack::{Role, Services, Shape, Stores};
 
@@ -31,11 +31,15 @@ pub enum Scenario {
     /// Two replicas of each service serve the sale (gateways sharing Redis rate limits);
     /// one seckill-api and one order-service replica killed mid-burst, started again 3 s later.
     Replicas,
+    /// A 3-node RabbitMQ cluster (quorum queues on every node, the order queue's leader moved
+    /// off the node the services use); the leader's node killed with SIGKILL mid-burst and
+    /// left down.
+    BrokerNodeLoss,
 }
 
 impl Scenario {
     /// Every scenario, in the order the matrix runs them.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Baseline,
         Scenario::KillApi,
         Scenario::KillOrders,
@@ -46,6 +50,7 @@ impl Scenario {
         Scenario::Replicas,
         Scenario::PostgresDown,
         Scenario::BrokerDown,
+        Scenario::BrokerNodeLoss,
     ];
 
     /// The name on its line and on the command line.
@@ -61,6 +66,7 @@ impl Scenario {
             Scenario::RedisWiped => "redis-restart-empty",
             Scenario::SlowRedis => "slow-redis",
             Scenario::Replicas => "two-replicas-each",
+            Scenario::BrokerNodeLoss => "rabbitmq-node-lost",
         }
     }
 
@@ -72,7 +78,15 @@ impl Scenario {
     /// Whether it belongs to the fast subset CI runs (the ones that do not wait out a long
     /// outage).
     pub fn fast(self) -> bool {
-        !matches!(self, Scenario::BrokerDown | Scenario::PostgresDown)
+        !matches!(
+            self,
+            Scenario::BrokerDown | Scenario::PostgresDown | Scenario::BrokerNodeLoss
+        )
+    }
+
+    /// Whether it runs on a RabbitMQ cluster of its own instead of the run's broker.
+    pub fn needs_broker_cluster(self) -> bool {
+        self == Scenario::BrokerNodeLoss
     }
 
     /// The services it runs.
@@ -98,6 +112,8 @@ impl Scenario {
         stores: &mut Stores,
         services: &mut Services,
         proxy: Option<&LatencyProxy>,
+        cluster: Option<&OwnBrokerCluster>,
+        doomed_node: usize,
     ) -> anyhow::Result<()> {
         let sleep = |secs: u64| tokio::time::sleep(Duration::from_secs(secs));
         match self {
@@ -136,6 +152,11 @@ impl Scenario {
             }
             Scenario::RedisWiped => {
                 tokio::task::block_in_place(|| stores.redis.wipe_and_restart());
+            }
+            Scenario::BrokerNodeLoss => {
+                let cluster = cluster
+                    .ok_or_else(|| anyhow::anyhow!("rabbitmq-node-lost needs its cluster"))?;
+                cluster.node(doomed_node).kill().await;
             }
             Scenario::SlowRedis => {
                 let proxy = proxy.ok_or_else(|| anyhow::anyhow!("slow-redis needs its proxy"))?;
