@@ -135,6 +135,7 @@ impl OrderConsumer {
         self.connected.store(true, Ordering::Relaxed);
         let out = Out {
             publisher: publisher.clone(),
+            one_publish: Arc::new(tokio::sync::Mutex::new(())),
             acks: Arc::new(AckWindow::new(channel.clone())),
         };
 
@@ -486,7 +487,7 @@ impl OrderConsumer {
                 ];
                 let published = self
                     .republish(
-                        &out.publisher,
+                        out,
                         &self.topology.retry_exchange,
                         &routing_key,
                         delivery,
@@ -517,10 +518,7 @@ impl OrderConsumer {
             ),
         ];
         let exchange = &self.topology.dead_letter_exchange;
-        if self
-            .republish(&out.publisher, exchange, "", delivery, &headers)
-            .await
-        {
+        if self.republish(out, exchange, "", delivery, &headers).await {
             out.acks.ack(delivery.delivery_tag).await;
         } else {
             let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
@@ -532,7 +530,7 @@ impl OrderConsumer {
     /// the broker's confirm; false unless it was confirmed and routed to a queue.
     async fn republish(
         &self,
-        publisher: &Channel,
+        out: &Out,
         exchange: &str,
         routing_key: &str,
         delivery: &Delivery,
@@ -553,7 +551,9 @@ impl OrderConsumer {
             table.insert(ShortString::from(*name), value.clone());
         }
         let properties: BasicProperties = delivery.properties.clone().with_headers(table);
-        let published = publisher
+        let _one = out.one_publish.lock().await;
+        let published = out
+            .publisher
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
@@ -594,7 +594,7 @@ impl OrderConsumer {
         if delivery_count(delivery) >= MAX_REQUEUES {
             let recycled = self
                 .republish(
-                    &out.publisher,
+                    out,
                     &self.topology.exchange,
                     &self.topology.routing_key,
                     delivery,
@@ -656,6 +656,12 @@ impl OrderConsumer {
 #[derive(Clone)]
 struct Out {
     publisher: Channel,
+    /// Held from a publish until its confirm: lapin credits a returned (unroutable) message
+    /// to whichever confirm resolves next, and one `ack multiple` resolves several in no
+    /// fixed order, so with two publishes pending a return could be read as the other's
+    /// and an unrouted copy's original acked. Retries, dead letters and recycled copies
+    /// are the rare path; one at a time costs nothing that matters.
+    one_publish: Arc<tokio::sync::Mutex<()>>,
     acks: Arc<AckWindow>,
 }
 
