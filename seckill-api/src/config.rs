@@ -61,7 +61,8 @@ pub struct Settings {
     /// Whether the Redis server's own append-only file must have the write fsynced first
     /// (`WAITAOF 1 <replicas>`, Redis 7.2 or later).
     pub redis_wait_aof: bool,
-    /// Longest such a wait.
+    /// Longest such a wait (1-1000): the connection it runs on carries nothing else
+    /// meanwhile.
     pub redis_wait_timeout_ms: u64,
     /// Buckets a new product's stock is split into unless its creation names a count.
     pub stock_buckets: i16,
@@ -133,10 +134,15 @@ impl Validate for Settings {
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
             return Err("stock_buckets must be between 1 and 1024".into());
         }
-        if (self.redis_wait_replicas > 0 || self.redis_wait_aof) && self.redis_wait_timeout_ms == 0
+        // WAIT with a zero timeout blocks for ever. And it blocks the multiplexed connection
+        // it runs on: every command behind it waits too, so it must end well inside the 2 s
+        // command timeout, or scripts that ran would answer as timed out.
+        if (self.redis_wait_replicas > 0 || self.redis_wait_aof)
+            && !(1..=1_000).contains(&self.redis_wait_timeout_ms)
         {
-            // WAIT with a zero timeout blocks for ever.
-            return Err("redis_wait_timeout_ms must be positive when a wait is asked for".into());
+            return Err(
+                "redis_wait_timeout_ms must be between 1 and 1000 when a wait is asked for".into(),
+            );
         }
         if self.sweep_fence_ms == 0 {
             return Err("sweep_fence_ms must be positive".into());
