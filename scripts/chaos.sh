@@ -12,7 +12,8 @@
 #
 # It starts its OWN Redis (append-only file), RabbitMQ node (with its management API) and
 # PostgreSQL on spare loopback ports, never the shared ones, and for each scenario the three
-# services from the release build; it stops all of them when it ends. Service logs go to
+# services (release build, or with --debug-build the dev profile's); it stops all of them
+# when it ends. Service logs go to
 # run/chaos/<n>-<scenario>/. Other arguments: `target/release/seckill-chaos --help`.
 # Exit code: 0 all passed, 1 an invariant broke, 2 it could not set up.
 set -euo pipefail
@@ -48,7 +49,7 @@ for arg in "$@"; do
 done
 
 say "building the services and seckill-chaos (${profile[*]:-dev profile})"
-(cd "$ROOT" && cargo build "${profile[@]}" -p gateway -p seckill-api -p order-service -p seckill-loadtest)
+(cd "$ROOT" && cargo build ${profile[@]+"${profile[@]}"} -p gateway -p seckill-api -p order-service -p seckill-loadtest)
 
 cd "$ROOT"
-exec "$bin_dir/seckill-chaos" --bin-dir "$bin_dir" --log-dir "$RUN_DIR/chaos" "${args[@]}"
+exec "$bin_dir/seckill-chaos" --bin-dir "$bin_dir" --log-dir "$RUN_DIR/chaos" ${args[@]+"${args[@]}"}

@@ -91,7 +91,12 @@ impl OwnBroker {
                 write(&dir.join("enabled_plugins"), "[rabbitmq_management].\n");
                 write(
                     &dir.join("rabbitmq.conf"),
-                    &format!("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {port}\n"),
+                    // Queue figures every 500 ms instead of 5 s: whoever waits for queues to
+                    // drain waits less.
+                    &format!(
+                        "management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {port}\n\
+                         collect_statistics_interval = 500\n"
+                    ),
                 );
             }
             None => {

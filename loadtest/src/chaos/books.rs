@@ -14,6 +14,9 @@ use crate::settle::Probe;
 
 /// How often the quiet wait looks.
 const POLL_EVERY: Duration = Duration::from_millis(500);
+/// How long everything must stay still: longer than the management API's figures can lag
+/// (the fence of seckill-api waits as long for the same reason).
+const STILL_FOR: Duration = Duration::from_secs(6);
 
 /// One order row of the product.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,8 +118,8 @@ impl Books {
     }
 
     /// Waits until every accepted purchase is recorded, the outbox is empty, the queues hold
-    /// nothing and no compensation is pending, twice in a row 2 s apart (the management API's
-    /// figures lag), or until `timeout`. A store that does not answer counts as "not yet":
+    /// nothing and no compensation is pending, without a change for [`STILL_FOR`] (the
+    /// management API's figures lag), or until `timeout`. A store that does not answer counts as "not yet":
     /// the wait goes on across an outage. Returns whether it went quiet, and the last motion.
     pub async fn settle(
         &self,
@@ -132,7 +135,7 @@ impl Books {
                 Ok(motion) if motion.still() => {
                     last = motion;
                     let since = *still_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= Duration::from_secs(2) {
+                    if since.elapsed() >= STILL_FOR {
                         return (true, last);
                     }
                 }
@@ -189,7 +192,8 @@ impl Books {
         Ok(queues
             .iter()
             .filter(|q| q.name.starts_with(&prefix))
-            .map(|q| q.messages.unwrap_or(0))
+            // A queue without figures yet is not known to be empty.
+            .map(|q| q.messages.unwrap_or(1))
             .sum())
     }
 

@@ -204,6 +204,7 @@ pub async fn run_scenario(
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let answered_before = answered.load(Ordering::Relaxed);
         scenario
             .inject(
                 stores,
@@ -213,12 +214,14 @@ pub async fn run_scenario(
                 doomed_node,
             )
             .await
+            .map(|()| answered_before)
     };
     let (first, fault) = tokio::join!(
         drive::run(&client, &wave, &burst_buyers, &answered, &accepted),
         fault
     );
-    fault.with_context(|| format!("{}: injecting the fault", scenario.name()))?;
+    let answered_at_fault =
+        fault.with_context(|| format!("{}: injecting the fault", scenario.name()))?;
     let accepted_ids = |tallies: &[&drive::Tally]| -> Vec<uuid::Uuid> {
         tallies
             .iter()
@@ -275,6 +278,14 @@ pub async fn run_scenario(
                 ),
             });
         }
+    }
+    if scenario != Scenario::Baseline && answered_at_fault >= settings.users {
+        violations.push(Violation {
+            name: "fault_after_burst",
+            detail: format!(
+                "every buyer of the burst was answered before the fault (fewer than {trigger} 202s)"
+            ),
+        });
     }
     let paused = first.paused + second.paused;
     if scenario == Scenario::RedisWiped && paused == 0 {

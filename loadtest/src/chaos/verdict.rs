@@ -75,6 +75,12 @@ pub fn judge(burst: &[Story], after: &[Story], ledger: &Ledger) -> (Figures, Vec
         drift: ledger.redis_remaining + holding - ledger.stock_total,
     };
     let unanswered = after.iter().filter(|s| !s.settled()).count();
+    // Later buyers are new users: `already_purchased` is only true for one whose earlier
+    // try may have bought.
+    let falsely_bought = after
+        .iter()
+        .filter(|s| s.last == "409" && !s.could_have_bought)
+        .count();
     let told_sold_out_late = after.iter().any(|s| s.heard_sold_out);
 
     let total = ledger.stock_total;
@@ -123,6 +129,13 @@ pub fn judge(burst: &[Story], after: &[Story], ledger: &Ledger) -> (Figures, Vec
             format!(
                 "{unanswered} of {} later buyers got no definite answer",
                 after.len()
+            ),
+        ),
+        (
+            "false_already_purchased",
+            falsely_bought == 0,
+            format!(
+                "{falsely_bought} later buyers who had bought nothing were told already_purchased"
             ),
         ),
         (
@@ -244,6 +257,17 @@ mod tests {
             !names(&violations).contains(&"unexplained_orders"),
             "{violations:?}"
         );
+    }
+
+    #[test]
+    fn a_new_buyer_told_already_purchased_is_named_unless_an_earlier_try_may_have_bought() {
+        let (burst, mut after, ledger) = balanced();
+        after.push(story(4, "409", None));
+        let (_, violations) = judge(&burst, &after, &ledger);
+        assert_eq!(names(&violations), vec!["false_already_purchased"]);
+        after.last_mut().unwrap().could_have_bought = true;
+        let (_, violations) = judge(&burst, &after, &ledger);
+        assert_eq!(violations, vec![]);
     }
 
     #[test]
