@@ -137,9 +137,7 @@ impl Validate for Settings {
         // WAIT with a zero timeout blocks for ever. And it blocks the multiplexed connection
         // it runs on: every command behind it waits too, so it must end well inside the 2 s
         // command timeout, or scripts that ran would answer as timed out.
-        if (self.redis_wait_replicas > 0 || self.redis_wait_aof)
-            && !(1..=1_000).contains(&self.redis_wait_timeout_ms)
-        {
+        if self.redis_wait().is_some() && !(1..=1_000).contains(&self.redis_wait_timeout_ms) {
             return Err(
                 "redis_wait_timeout_ms must be between 1 and 1000 when a wait is asked for".into(),
             );

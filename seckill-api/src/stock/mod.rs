@@ -220,15 +220,17 @@ impl StockEngine {
         self
     }
 
-    /// Waits for the copies asked for of the purchase just written through `conn` to `key`.
-    /// The purchase stands either way (its unit is taken and its intent recorded); a short
-    /// count means a failover or a crash of this Redis could still lose it, so it is logged
-    /// and counted for the operator.
-    async fn await_copies(&self, conn: &mut RedisConn, key: &str) {
+    /// Waits for the copies asked for of the purchase just written through `conn` to a
+    /// bucket of `product_id`. The purchase stands either way (its unit is taken and its
+    /// intent recorded); a short count means a failover or a crash of this Redis could still
+    /// lose it, so it is logged and counted for the operator. Without a wait asked for, it
+    /// costs nothing (not even the key).
+    async fn await_copies(&self, conn: &mut RedisConn, product_id: i64, bucket: u16) {
         let Some(wait) = self.wait else {
             return;
         };
-        let short = match conn.wait_for(key, wait).await {
+        let key = self.keys.stock(product_id, bucket);
+        let short = match conn.wait_for(&key, wait).await {
             Ok(all_there) => !all_there,
             Err(e) => {
                 tracing::warn!(error = %e, "waiting for copies of a purchase failed");
@@ -309,8 +311,7 @@ impl StockEngine {
             .invoke_async(&mut conn)
             .await;
         if matches!(invoked, Ok((1, _))) {
-            self.await_copies(&mut conn, &self.keys.stock(id, home))
-                .await;
+            self.await_copies(&mut conn, id, home).await;
         }
         // Give the connection back before a load or a check, which need connections of
         // their own: holding one while waiting for another starves the pool in a burst.
@@ -471,8 +472,7 @@ impl StockEngine {
             .invoke_async(&mut conn)
             .await;
         if matches!(invoked, Ok((1, _))) {
-            self.await_copies(&mut conn, &self.keys.stock(id, bucket))
-                .await;
+            self.await_copies(&mut conn, id, bucket).await;
         }
         drop(conn);
         match invoked {
