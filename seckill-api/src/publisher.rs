@@ -27,11 +27,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Confirmation, Connection};
+use lapin::{Channel, Connection};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::Topology;
+use seckill_messaging::{NotTaken, Topology};
 
 /// Messages a worker publishes in one go at most.
 const MAX_BATCH: usize = 512;
@@ -83,9 +83,9 @@ pub enum PublishError {
     /// No confirm within the timeout.
     #[error("no confirm within the timeout")]
     TimedOut,
-    /// The broker nacked or returned a message of the batch.
-    #[error("the broker did not take every message of the batch: {0}")]
-    Refused(&'static str),
+    /// The broker nacked or returned a message of the batch (which one is unknowable).
+    #[error("a message of the batch was {0}")]
+    Refused(NotTaken),
     /// The channel failed.
     #[error("channel: {0}")]
     Channel(String),
@@ -244,22 +244,17 @@ impl OrderPublisher {
                 .map_err(|e| PublishError::Channel(e.to_string()))?;
                 confirms.push(confirm);
             }
-            let mut refused = None;
+            // Every confirm is awaited, so none is left to be credited to the next batch.
+            let mut refused = Ok(());
             for confirm in confirms {
-                match confirm
+                let confirmation = confirm
                     .await
-                    .map_err(|e| PublishError::Channel(e.to_string()))?
-                {
-                    Confirmation::Ack(None) => {}
-                    Confirmation::Ack(Some(_)) => refused = Some("a message came back unroutable"),
-                    Confirmation::Nack(_) => refused = Some("a message was nacked"),
-                    Confirmation::NotRequested => refused = Some("no confirm requested"),
+                    .map_err(|e| PublishError::Channel(e.to_string()))?;
+                if let Err(not_taken) = seckill_messaging::taken(&confirmation) {
+                    refused = Err(PublishError::Refused(not_taken));
                 }
             }
-            match refused {
-                None => Ok(()),
-                Some(why) => Err(PublishError::Refused(why)),
-            }
+            refused
         };
         tokio::time::timeout(self.inner.timeout, publish_all)
             .await

@@ -32,14 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use lapin::Channel;
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Confirmation};
 use redis::aio::ConnectionLike;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::Topology;
+use seckill_messaging::{NotTaken, Topology};
 use seckill_store::RedisKeys;
 
 pub mod registry;
@@ -418,12 +418,12 @@ impl Relay {
             let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
                 .await
                 .context("no confirm within the relay's timeout")?;
-            match confirmation.context("await confirm")? {
-                Confirmation::Ack(None) => confirmed[index].push(id),
+            match seckill_messaging::taken(&confirmation.context("await confirm")?) {
+                Ok(()) => confirmed[index].push(id),
                 // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
                 // follows re-declares the topology and replays it.
-                Confirmation::Ack(Some(_returned)) => returned += 1,
-                Confirmation::Nack(_) | Confirmation::NotRequested => failed += 1,
+                Err(NotTaken::Returned) => returned += 1,
+                Err(NotTaken::Nacked | NotTaken::NotConfirmed) => failed += 1,
             }
         }
         metrics::histogram!("outbox_confirm_seconds").record(started.elapsed().as_secs_f64());
