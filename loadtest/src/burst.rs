@@ -75,8 +75,9 @@ impl BurstOutcome {
 
 /// The 202 body; other fields are ignored.
 #[derive(Deserialize)]
-struct Queued {
-    request_id: Uuid,
+pub(crate) struct Queued {
+    /// The purchase's id, which its order row carries.
+    pub(crate) request_id: Uuid,
 }
 
 /// How one purchase ended.

@@ -73,6 +73,11 @@ impl Probe {
         })
     }
 
+    /// The Postgres pool, for readers with questions of their own.
+    pub fn db(&self) -> &PgPool {
+        &self.db
+    }
+
     /// `products.stock_total`, or `None` if the product does not exist.
     pub async fn stock_total(&self, product_id: i64) -> anyhow::Result<Option<i64>> {
         let total: Option<i32> =

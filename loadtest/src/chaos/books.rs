@@ -6,8 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Deserialize;
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::settle::Probe;
@@ -64,8 +62,8 @@ impl Motion {
 
 /// Read-only handles on a scenario's stores.
 pub struct Books {
+    /// Postgres and Redis, shared with the load tester's own reader.
     probe: Probe,
-    db: PgPool,
     http: reqwest::Client,
     /// `<management>/api/queues/%2f?columns=...`, without credentials.
     queues_url: String,
@@ -89,12 +87,6 @@ impl Books {
         management_url: &str,
     ) -> anyhow::Result<Self> {
         let probe = Probe::connect(database_url, redis_url, namespace).await?;
-        let db = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(database_url)
-            .await
-            .context("connecting to Postgres")?;
         let mut management = reqwest::Url::parse(management_url).context("management URL")?;
         let credentials = (
             management.username().to_string(),
@@ -104,7 +96,6 @@ impl Books {
         let _ = management.set_password(None);
         Ok(Self {
             probe,
-            db,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(3))
                 .build()?,
@@ -159,14 +150,14 @@ impl Books {
                AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = a.id::text)",
         )
         .bind(accepted)
-        .fetch_one(&self.db)
+        .fetch_one(self.probe.db())
         .await
         .context("looking up accepted purchases")?;
         let compensating: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM compensations WHERE product_id = $1 AND done_at IS NULL",
         )
         .bind(product_id)
-        .fetch_one(&self.db)
+        .fetch_one(self.probe.db())
         .await
         .context("counting pending compensations")?;
         Ok(Motion {
@@ -212,7 +203,7 @@ impl Books {
             "SELECT request_id, user_id, status FROM orders WHERE product_id = $1",
         )
         .bind(product_id)
-        .fetch_all(&self.db)
+        .fetch_all(self.probe.db())
         .await
         .context("reading orders")?
         .into_iter()
@@ -228,7 +219,7 @@ impl Books {
                AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.request_id::text = event_id)",
         )
         .bind(product_id)
-        .fetch_all(&self.db)
+        .fetch_all(self.probe.db())
         .await
         .context("reading dead letters")?
         .iter()

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
-use crate::burst::{Buyer, TRANSPORT_ERROR};
+use crate::burst::{Buyer, Queued, TRANSPORT_ERROR};
 
 /// Longest pause between two tries of a patient buyer.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
@@ -82,12 +82,6 @@ impl Tally {
 #[derive(Deserialize)]
 struct ErrorBody {
     code: String,
-}
-
-/// The 202 body's request id.
-#[derive(Deserialize)]
-struct Queued {
-    request_id: Uuid,
 }
 
 /// One try's answer.
