@@ -5,7 +5,11 @@
 //! The last layer lets three services share one environment (one `.env`, one shell) while
 //! each keeps its own port: `SECKILL_API_PORT` only reaches seckill-api.
 //!
-//! Secrets are wrapped in [`Secret`], which never prints its value.
+//! Secrets are wrapped in [`Secret`], which never prints its value. Durations, lists and
+//! choices are read into their types at start by the adapters of [`formats`], so a bad
+//! value stops the service with the variable named instead of surfacing at a call site.
+
+pub mod formats;
 
 use std::fmt;
 
