@@ -6,7 +6,7 @@
 //! Layout:
 //! - [`product`]: creating the product through the admin API.
 //! - [`burst`]: pre-minted tokens, the concurrent burst, latency and status tallies.
-//! - [`settle`]: read-only access to the stores, the settle wait, the observed numbers.
+//! - [`stores`]: read-only access to the stores, the wait for quiet, the observed numbers.
 //! - [`check`]: the invariants, as pure functions.
 //! - [`report`]: the JSON report and the human summary.
 //! - [`chaos`]: the fault matrix.
@@ -16,4 +16,4 @@ pub mod chaos;
 pub mod check;
 pub mod product;
 pub mod report;
-pub mod settle;
+pub mod stores;

@@ -15,10 +15,10 @@ use seckill_auth::TokenMinter;
 
 use seckill_loadtest::check::{self, Facts};
 use seckill_loadtest::report::Report;
-use seckill_loadtest::settle::Probe;
+use seckill_loadtest::stores::Probe;
 use seckill_loadtest::{burst, product};
 
-/// Validity of the buyers' tokens: comfortably longer than any burst plus settle.
+/// Validity of the buyers' tokens: comfortably longer than any burst plus the wait for quiet.
 const BUYER_TOKEN_TTL_SECS: i64 = 3600;
 
 /// Command-line arguments; each has an environment fallback where one makes sense.
@@ -79,13 +79,15 @@ struct Args {
     /// Write a JSON report here.
     #[arg(long, env = "SECKILL_LOADTEST_REPORT")]
     report: Option<PathBuf>,
-    /// Longest wait for orders to appear and the outbox to drain.
+    /// Longest wait for orders to appear and the outbox to drain (the old name
+    /// `--settle-timeout-secs` still works).
     #[arg(
         long,
-        env = "SECKILL_LOADTEST_SETTLE_TIMEOUT_SECS",
+        alias = "settle-timeout-secs",
+        env = "SECKILL_LOADTEST_QUIET_TIMEOUT_SECS",
         default_value_t = 120
     )]
-    settle_timeout_secs: u64,
+    quiet_timeout_secs: u64,
     /// User id of the first buyer; buyers are first..first+users-1.
     #[arg(long, env = "SECKILL_LOADTEST_FIRST_USER_ID", default_value_t = 1,
           value_parser = clap::value_parser!(i64).range(1..))]
@@ -155,9 +157,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     );
     let outcome = burst::run(&client, &args.gateway_url, product_id, &buyers, concurrency).await?;
 
-    let settle_timeout = Duration::from_secs(args.settle_timeout_secs);
-    let settled = probe
-        .settle(product_id, outcome.accepted, settle_timeout)
+    let quiet_timeout = Duration::from_secs(args.quiet_timeout_secs);
+    let waited = probe
+        .wait_until_quiet(product_id, outcome.accepted, quiet_timeout)
         .await?;
     let observed = probe.observe(product_id, &outcome.request_ids).await?;
 
@@ -174,10 +176,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     };
     let failures = facts.failures();
     let report = Report::new(&outcome, &facts);
-    println!(
-        "{}",
-        report.human(settled.elapsed, settled.quiet, &failures)
-    );
+    println!("{}", report.human(waited.elapsed, waited.quiet, &failures));
     if let Some(path) = &args.report {
         report.write_json(path)?;
     }

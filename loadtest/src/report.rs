@@ -93,7 +93,7 @@ impl Report {
     }
 
     /// The human summary, ending with the verdict line.
-    pub fn human(&self, settled_in: Duration, quiet: bool, failures: &[Failure]) -> String {
+    pub fn human(&self, quiet_after: Duration, quiet: bool, failures: &[Failure]) -> String {
         let statuses: Vec<String> = self
             .status_counts
             .iter()
@@ -113,7 +113,7 @@ impl Report {
              accepted, missing order  {}\n\
              throughput               {:.1} req/s\n\
              latency ms               p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}\n\
-             settle time              {:.2} s{}\n",
+             time until quiet         {:.2} s{}\n",
             self.requests,
             statuses.join(" "),
             self.accepted,
@@ -129,7 +129,7 @@ impl Report {
             l.p90,
             l.p99,
             l.max,
-            settled_in.as_secs_f64(),
+            quiet_after.as_secs_f64(),
             if quiet {
                 ""
             } else {

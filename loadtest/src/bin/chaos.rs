@@ -47,7 +47,7 @@ struct Args {
     concurrency: u64,
     /// Longest wait for the system to go quiet after each wave, seconds.
     #[arg(long, default_value_t = 120)]
-    settle_timeout_secs: u64,
+    quiet_timeout_secs: u64,
     /// A setting for every service of every scenario, `NAME=value` (repeatable): e.g.
     /// `SECKILL_AMQP_QUEUE_TYPE=classic`, or `SECKILL_API_PUBLISH_ON_ACCEPT=false` to see
     /// what a 202 that rests on Redis alone does when Redis loses its memory.
@@ -84,7 +84,7 @@ async fn main() -> ExitCode {
         users: args.users,
         rate_per_sec: args.rate,
         concurrency: args.concurrency as usize,
-        settle_timeout: Duration::from_secs(args.settle_timeout_secs),
+        quiet_timeout: Duration::from_secs(args.quiet_timeout_secs),
         service_env: args.service_env.clone(),
     };
     // Ctrl-C ends the run through the normal path, so the stores' drops stop them.

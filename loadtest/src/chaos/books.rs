@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::settle::Probe;
+use crate::stores::Probe;
 
 /// How often the quiet wait looks.
 const POLL_EVERY: Duration = Duration::from_millis(500);
@@ -112,7 +112,7 @@ impl Books {
     /// nothing and no compensation is pending, without a change for [`STILL_FOR`] (the
     /// management API's figures lag), or until `timeout`. A store that does not answer counts as "not yet":
     /// the wait goes on across an outage. Returns whether it went quiet, and the last motion.
-    pub async fn settle(
+    pub async fn wait_until_quiet(
         &self,
         product_id: i64,
         accepted: &[Uuid],

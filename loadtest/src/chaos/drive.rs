@@ -55,7 +55,7 @@ pub struct Story {
 
 impl Story {
     /// Whether the last answer was definite: bought, already bought, or sold out.
-    pub fn settled(&self) -> bool {
+    pub fn definite(&self) -> bool {
         matches!(self.last.as_str(), "202" | "409" | "410")
     }
 }
@@ -170,7 +170,7 @@ async fn buy(
         let wait = t.retry_after.unwrap_or(pause).min(MAX_RETRY_PAUSE);
         tries.push(t);
         let again = match deadline {
-            Some(deadline) => !story.settled() && Instant::now() + wait < deadline,
+            Some(deadline) => !story.definite() && Instant::now() + wait < deadline,
             None => false,
         };
         if !again {

@@ -57,7 +57,7 @@ pub struct Settings {
     /// Purchases in flight at most.
     pub concurrency: usize,
     /// Longest wait for the system to go quiet after each wave.
-    pub settle_timeout: Duration,
+    pub quiet_timeout: Duration,
     /// Extra settings for every service, after the scenario's own.
     pub service_env: Vec<(String, String)>,
 }
@@ -229,11 +229,7 @@ pub async fn run_scenario(
             .collect()
     };
     let (quiet, motion) = books
-        .settle(
-            product_id,
-            &accepted_ids(&[&first]),
-            settings.settle_timeout,
-        )
+        .wait_until_quiet(product_id, &accepted_ids(&[&first]), settings.quiet_timeout)
         .await;
 
     // The buyers after the fault: patient, as many as the stock, so together they could
@@ -245,15 +241,15 @@ pub async fn run_scenario(
         TOKEN_TTL_SECS,
     );
     let patient = Wave {
-        patience: Some(settings.settle_timeout),
+        patience: Some(settings.quiet_timeout),
         ..wave
     };
     let second = drive::run(&client, &patient, &later_buyers, &answered, &accepted).await;
     let (quiet_after, motion_after) = books
-        .settle(
+        .wait_until_quiet(
             product_id,
             &accepted_ids(&[&first, &second]),
-            settings.settle_timeout,
+            settings.quiet_timeout,
         )
         .await;
     let ledger = books.ledger(product_id).await?;
@@ -274,7 +270,7 @@ pub async fn run_scenario(
                     motion.outbox,
                     motion.queued,
                     motion.compensating,
-                    settings.settle_timeout.as_secs()
+                    settings.quiet_timeout.as_secs()
                 ),
             });
         }

@@ -70,11 +70,11 @@ pub fn judge(burst: &[Story], after: &[Story], ledger: &Ledger) -> (Figures, Vec
         orders: live.len(),
         failed,
         parked: parked.len(),
-        unknown: burst.iter().filter(|s| !s.settled()).count(),
+        unknown: burst.iter().filter(|s| !s.definite()).count(),
         redis_remaining: ledger.redis_remaining,
         drift: ledger.redis_remaining + holding - ledger.stock_total,
     };
-    let unanswered = after.iter().filter(|s| !s.settled()).count();
+    let unanswered = after.iter().filter(|s| !s.definite()).count();
     // Later buyers are new users: `already_purchased` is only true for one whose earlier
     // try may have bought.
     let falsely_bought = after

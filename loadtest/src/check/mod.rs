@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 /// can "nothing undersold" be judged (a 429 or 503 buyer never competed for the stock).
 const DEFINITE_STATUSES: [&str; 3] = ["202", "409", "410"];
 
-/// Everything the verdict depends on, gathered after the system settled.
+/// Everything the verdict depends on, gathered once the system went quiet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Facts {
     /// Purchases the API answered 202.

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
-/// How often the settle loop looks at the stores.
+/// How often the wait for quiet looks at the stores.
 const POLL_EVERY: Duration = Duration::from_millis(200);
 
 /// Read-only handles on Postgres and Redis.
@@ -37,8 +37,8 @@ pub struct Observed {
     pub missing_orders: i64,
 }
 
-/// How the settle wait ended.
-pub struct Settled {
+/// How the wait for quiet ended.
+pub struct QuietWait {
     /// Time spent waiting.
     pub elapsed: Duration,
     /// False when the timeout hit before the condition held.
@@ -156,15 +156,15 @@ impl Probe {
 
     /// Waits until every accepted purchase has an order and the outbox is drained, or until
     /// `timeout`, going on across a store outage; a spinner shows the progress meanwhile.
-    pub async fn settle(
+    pub async fn wait_until_quiet(
         &self,
         product_id: i64,
         accepted: u64,
         timeout: Duration,
-    ) -> anyhow::Result<Settled> {
+    ) -> anyhow::Result<QuietWait> {
         let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
         spinner.set_style(
-            ProgressStyle::with_template("{spinner} settling [{elapsed}] {msg}")
+            ProgressStyle::with_template("{spinner} waiting for quiet [{elapsed}] {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
         spinner.enable_steady_tick(Duration::from_millis(100));
@@ -194,7 +194,7 @@ impl Probe {
             }
         };
         spinner.finish_and_clear();
-        Ok(Settled {
+        Ok(QuietWait {
             elapsed: started.elapsed(),
             quiet,
         })
