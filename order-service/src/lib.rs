@@ -17,16 +17,15 @@
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
 
 pub mod ack_window;
-pub mod admin;
 pub mod breaker;
 pub mod compensation;
 pub mod config;
 pub mod consumer;
+pub mod http;
 pub mod orders;
 pub mod parking;
 pub mod recorder;
 pub mod retry;
-pub mod routes;
 pub mod startup;
 
 pub use config::Settings;

@@ -21,11 +21,11 @@ use chrono::{DateTime, Utc};
 use seckill_auth::AdminIdentity;
 use seckill_http::{JsonBody, QueryParams, error_response};
 
+use crate::http::AppState;
 use crate::parking::{self, ParkingError, Selection, Status};
-use crate::routes::AppState;
 
 /// The parking-lot routes.
-pub fn router() -> Router<AppState> {
+pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/admin/dlq", get(list))
         .route("/admin/dlq/redrive", post(redrive))
