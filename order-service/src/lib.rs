@@ -10,10 +10,12 @@
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`.
 //! - [`orders`] — the idempotent write and order queries.
 //! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
-//! - [`routes`] — `GET /api/orders`, `GET /api/orders/{id}`, `POST …/pay`, `POST …/cancel`.
+//! - [`http`] — the shared state and every route: the buyer's orders (`GET /api/orders`,
+//!   `GET /api/orders/{id}`, `POST …/pay`, `POST …/cancel`) and the operator's parking lot
+//!   and breaker (`/admin/…`); [`error`] — the one error type they answer with.
 //! - [`breaker`] — the circuit breaker around the database; [`retry`] — tiers and budget.
 //! - [`recorder`] — drains the dead-letter queue into the parking lot ([`parking`]), which
-//!   [`admin`] and the CLI list, redrive, ignore and clear.
+//!   the admin routes and the CLI list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
 
 pub mod ack_window;
@@ -21,6 +23,7 @@ pub mod breaker;
 pub mod compensation;
 pub mod config;
 pub mod consumer;
+pub mod error;
 pub mod http;
 pub mod orders;
 pub mod parking;
