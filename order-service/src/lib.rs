@@ -8,6 +8,8 @@
 //!
 //! Layout:
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`.
+//! - [`cli`] — the command line: run the service, or an operator command on the breaker or
+//!   the parking lot.
 //! - [`orders`] — the idempotent write and order queries.
 //! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
 //! - [`http`] — the shared state and every route: the buyer's orders (`GET /api/orders`,
@@ -20,6 +22,7 @@
 
 pub mod ack_window;
 pub mod breaker;
+pub mod cli;
 pub mod compensation;
 pub mod config;
 pub mod consumer;
