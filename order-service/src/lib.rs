@@ -8,25 +8,30 @@
 //!
 //! Layout:
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`.
+//! - [`cli`] — the command line: run the service, or an operator command on the breaker or
+//!   the parking lot.
 //! - [`orders`] — the idempotent write and order queries.
 //! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
-//! - [`routes`] — `GET /api/orders`, `GET /api/orders/{id}`, `POST …/pay`, `POST …/cancel`.
+//! - [`http`] — the shared state and every route: the buyer's orders (`GET /api/orders`,
+//!   `GET /api/orders/{id}`, `POST …/pay`, `POST …/cancel`) and the operator's parking lot
+//!   and breaker (`/admin/…`); [`error`] — the one error type they answer with.
 //! - [`breaker`] — the circuit breaker around the database; [`retry`] — tiers and budget.
 //! - [`recorder`] — drains the dead-letter queue into the parking lot ([`parking`]), which
-//!   [`admin`] and the CLI list, redrive, ignore and clear.
+//!   the admin routes and the CLI list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
 
 pub mod ack_window;
-pub mod admin;
 pub mod breaker;
+pub mod cli;
 pub mod compensation;
 pub mod config;
 pub mod consumer;
+pub mod error;
+pub mod http;
 pub mod orders;
 pub mod parking;
 pub mod recorder;
 pub mod retry;
-pub mod routes;
 pub mod startup;
 
 pub use config::Settings;

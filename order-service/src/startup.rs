@@ -18,10 +18,10 @@ use crate::Settings;
 use crate::breaker::CircuitBreaker;
 use crate::compensation::Compensator;
 use crate::consumer::OrderConsumer;
+use crate::http::{self, AppState};
 use crate::parking::{Redriver, TokenBucket};
 use crate::recorder::Recorder;
 use crate::retry::{RetryBudget, RetryPolicy};
-use crate::routes::{self, AppState};
 
 /// A built, not yet running, order-service.
 #[derive(Debug)]
@@ -66,10 +66,7 @@ impl Application {
             redriver: Arc::new(redriver(&settings)),
         };
         let probes = readiness_probes(db.clone(), redis.clone(), connected.clone());
-        let router = seckill_http::layers::instrument(
-            routes::router(state).merge(ops::router(probes)),
-            "order-service",
-        );
+        let router = http::router(state, probes);
         let listener = TcpListener::bind((settings.backend.host.as_str(), settings.port))
             .await
             .with_context(|| format!("bind {}:{}", settings.backend.host, settings.port))?;

@@ -12,20 +12,20 @@
 //! ```
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::extract::rejection::PathRejection;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 
 use seckill_auth::AdminIdentity;
-use seckill_http::{JsonBody, QueryParams, error_response};
+use seckill_http::{JsonBody, QueryParams};
 
-use crate::parking::{self, ParkingError, Selection, Status};
-use crate::routes::AppState;
+use crate::error::ApiError;
+use crate::http::AppState;
+use crate::parking::{self, AuditEntry, Entry, Report, Selection, Status};
 
 /// The parking-lot routes.
-pub fn router() -> Router<AppState> {
+pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/admin/dlq", get(list))
         .route("/admin/dlq/redrive", post(redrive))
@@ -46,11 +46,12 @@ pub struct ListQuery {
     limit: Option<i64>,
 }
 
+/// `GET /admin/dlq`: entries, oldest first (100 unless a limit is given).
 async fn list(
     State(state): State<AppState>,
     _admin: AdminIdentity,
     QueryParams(query): QueryParams<ListQuery>,
-) -> Response {
+) -> Result<Json<Vec<Entry>>, ApiError> {
     let selection = Selection {
         product_id: query.product_id,
         from: query.from,
@@ -58,34 +59,35 @@ async fn list(
         limit: Some(query.limit.unwrap_or(100)),
         ..Selection::default()
     };
-    match parking::list(&state.db, &selection, query.status).await {
-        Ok(entries) => Json(entries).into_response(),
-        Err(e) => failed(ParkingError::Database(e)),
-    }
+    Ok(Json(
+        parking::list(&state.db, &selection, query.status).await?,
+    ))
 }
 
+/// The query of the audit listing.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     limit: Option<i64>,
 }
 
+/// `GET /admin/dlq/audit`: the newest audit records (100 unless a limit is given).
 async fn audit(
     State(state): State<AppState>,
     _admin: AdminIdentity,
     QueryParams(query): QueryParams<AuditQuery>,
-) -> Response {
-    match parking::audit_log(&state.db, query.limit.unwrap_or(100)).await {
-        Ok(rows) => Json(rows).into_response(),
-        Err(e) => failed(ParkingError::Database(e)),
-    }
+) -> Result<Json<Vec<AuditEntry>>, ApiError> {
+    Ok(Json(
+        parking::audit_log(&state.db, query.limit.unwrap_or(100)).await?,
+    ))
 }
 
+/// `POST /admin/dlq/redrive`: sends the selected pending entries back to the orders queue.
 async fn redrive(
     State(state): State<AppState>,
     admin: AdminIdentity,
     JsonBody(selection): JsonBody<Selection>,
-) -> Response {
+) -> Result<Json<Report>, ApiError> {
     // A large redrive is paced and can outlive the caller (the gateway's upstream timeout):
     // run it in its own task, so a dropped request never cuts it between a publish and the
     // commit that records it, and its audit row is always written.
@@ -96,35 +98,32 @@ async fn redrive(
             .redrive(&state.db, &selection, &operator)
             .await
     });
-    match run.await {
-        Ok(outcome) => answer(outcome),
-        Err(e) => {
-            tracing::error!(error = %e, "redrive task failed");
-            error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
-        }
-    }
+    Ok(Json(run.await??))
 }
 
+/// `POST /admin/dlq/ignore`: gives the selected entries up; their units go back on sale.
 async fn ignore(
     State(state): State<AppState>,
     admin: AdminIdentity,
     JsonBody(selection): JsonBody<Selection>,
-) -> Response {
-    answer(parking::ignore(&state.db, &selection, &operator(&admin)).await)
+) -> Result<Json<Report>, ApiError> {
+    Ok(Json(
+        parking::ignore(&state.db, &selection, &operator(&admin)).await?,
+    ))
 }
 
+/// `POST /admin/dlq/clear`: releases the selected quarantined entries.
 async fn clear(
     State(state): State<AppState>,
     admin: AdminIdentity,
     JsonBody(selection): JsonBody<Selection>,
-) -> Response {
-    answer(parking::clear(&state.db, &selection, &operator(&admin)).await)
+) -> Result<Json<Report>, ApiError> {
+    Ok(Json(
+        parking::clear(&state.db, &selection, &operator(&admin)).await?,
+    ))
 }
 
+/// The query of a single-entry action.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DryRun {
@@ -132,46 +131,27 @@ pub struct DryRun {
     dry_run: bool,
 }
 
+/// `POST /admin/dlq/{event_id}/ignore`: gives one entry up.
 async fn ignore_one(
     State(state): State<AppState>,
     admin: AdminIdentity,
-    event_id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+    event_id: Result<axum::extract::Path<String>, PathRejection>,
     QueryParams(query): QueryParams<DryRun>,
-) -> Response {
+) -> Result<Json<Report>, ApiError> {
     let Ok(axum::extract::Path(event_id)) = event_id else {
-        return error_response(StatusCode::BAD_REQUEST, "invalid_request", "bad event id");
+        return Err(ApiError::InvalidRequest("bad event id".into()));
     };
     let selection = Selection {
         ids: vec![event_id],
         dry_run: query.dry_run,
         ..Selection::default()
     };
-    answer(parking::ignore(&state.db, &selection, &operator(&admin)).await)
+    Ok(Json(
+        parking::ignore(&state.db, &selection, &operator(&admin)).await?,
+    ))
 }
 
+/// Who acts, as the audit trail records it.
 fn operator(admin: &AdminIdentity) -> String {
     format!("admin:{}", admin.0.user_id)
-}
-
-fn answer(result: Result<parking::Report, ParkingError>) -> Response {
-    match result {
-        Ok(report) => Json(report).into_response(),
-        Err(e) => failed(e),
-    }
-}
-
-fn failed(e: ParkingError) -> Response {
-    match e {
-        ParkingError::Unbounded | ParkingError::Invalid(_) => {
-            error_response(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
-        }
-        ParkingError::Database(_) | ParkingError::Publish { .. } => {
-            tracing::warn!(error = %e, "parking-lot action failed");
-            error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
-            )
-        }
-    }
 }

@@ -1,0 +1,55 @@
+//! The HTTP API: the one state every handler shares, and every route merged in one place
+//! with the layer stack around it.
+//!
+//! - [`orders`] — the buyer's own orders: list, read, pay, cancel.
+//! - [`admin`] — operator routes: the parking lot (`/admin/dlq…`) and the breaker.
+
+mod admin;
+mod orders;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::FromRef;
+use sqlx::PgPool;
+
+use seckill_auth::IdentitySigner;
+use seckill_http::ops::{self, Probe};
+use seckill_store::{Redis, RedisKeys};
+
+use crate::breaker::CircuitBreaker;
+use crate::parking::Redriver;
+
+/// Handles shared by all handlers; each is cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Orders and the parking lot.
+    pub(crate) db: PgPool,
+    /// Where the breaker's forced mode is shared with every replica.
+    pub(crate) redis: Redis,
+    /// Key names.
+    pub(crate) keys: RedisKeys,
+    /// The consumer's circuit breaker, which the breaker admin routes show and force.
+    pub(crate) breaker: Arc<CircuitBreaker>,
+    /// Verifies the gateway's identity headers.
+    pub(crate) signer: IdentitySigner,
+    /// Publishes redriven dead letters, paced.
+    pub(crate) redriver: Arc<Redriver>,
+}
+
+impl FromRef<AppState> for IdentitySigner {
+    fn from_ref(state: &AppState) -> Self {
+        state.signer.clone()
+    }
+}
+
+/// Every route of the service — business, admin and ops (`/healthz`, `/readyz`, `/metrics`,
+/// answering `probes`) — inside the request-id, tracing, panic and metrics layers.
+pub fn router(state: AppState, probes: Vec<(&'static str, Probe)>) -> Router {
+    let routes = Router::new()
+        .merge(orders::router())
+        .merge(admin::router())
+        .with_state(state)
+        .merge(ops::router(probes));
+    seckill_http::layers::instrument(routes, "order-service")
+}
