@@ -6,7 +6,7 @@
 //! ([`memory`], tower_governor) or, with `rate_limit_backend = "redis"`, in Redis so that
 //! every replica enforces the same quotas ([`redis`], failing open when Redis is down).
 //!
-//! Every answer carries `x-ratelimit-limit` (the burst) and `x-ratelimit-remaining`; a 429
+//! Every response carries `x-ratelimit-limit` (the burst) and `x-ratelimit-remaining`; a 429
 //! adds `Retry-After` and `x-ratelimit-reset`, both the whole seconds until the next request
 //! would pass, rounded up so no client is told to come back early.
 
@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::Settings;
-use crate::http1::Answer;
+use crate::http1::Response;
+use crate::refusal;
 use memory::MemoryQuota;
 use redis::{Decision, RedisQuotas};
 
@@ -166,7 +167,7 @@ impl RateLimits {
 /// What a quota says about one request.
 #[derive(Debug)]
 pub enum Verdict {
-    /// Let through; the answer carries the quota's headers.
+    /// Let through; the response carries the quota's headers.
     Allowed {
         /// The burst, for `x-ratelimit-limit`.
         limit: u32,
@@ -181,41 +182,40 @@ pub enum Verdict {
         /// for `Retry-After` and `x-ratelimit-reset`.
         wait_secs: u64,
     },
-    /// No quota applies (switched off), or its Redis did not answer (fail open).
+    /// No quota applies (switched off), or its Redis did not response (fail open).
     Unmetered,
 }
 
 impl Verdict {
-    /// Puts the quota's headers on an answer: `x-ratelimit-limit` and `-remaining`, and on a
+    /// Puts the quota's headers on an response: `x-ratelimit-limit` and `-remaining`, and on a
     /// refusal `Retry-After` and `x-ratelimit-reset` too.
-    pub fn annotate(&self, answer: &mut Answer) {
+    pub fn annotate(&self, response: &mut Response) {
         let mut number = itoa::Buffer::new();
         let (limit, remaining, wait_secs) = match *self {
             Self::Allowed { limit, remaining } => (limit, remaining, None),
             Self::Limited { limit, wait_secs } => (limit, 0, Some(wait_secs)),
             Self::Unmetered => return,
         };
-        answer.push_header(X_RATELIMIT_LIMIT, number.format(limit).as_bytes());
-        answer.push_header(X_RATELIMIT_REMAINING, number.format(remaining).as_bytes());
+        response.push_header(X_RATELIMIT_LIMIT, number.format(limit).as_bytes());
+        response.push_header(X_RATELIMIT_REMAINING, number.format(remaining).as_bytes());
         if let Some(wait) = wait_secs {
-            answer.push_header(RETRY_AFTER, number.format(wait).as_bytes());
-            answer.push_header(X_RATELIMIT_RESET, number.format(wait).as_bytes());
+            response.push_header(RETRY_AFTER, number.format(wait).as_bytes());
+            response.push_header(X_RATELIMIT_RESET, number.format(wait).as_bytes());
         }
     }
 
     /// The JSON 429 when the request was refused, with the quota's headers.
-    pub async fn refusal(&self) -> Option<Answer> {
+    pub fn refusal(&self) -> Option<Response> {
         let Self::Limited { .. } = self else {
             return None;
         };
-        let mut answer = Answer::error(
+        let mut response = refusal::error(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
             "too many requests, retry later",
-        )
-        .await;
-        self.annotate(&mut answer);
-        Some(answer)
+        );
+        self.annotate(&mut response);
+        Some(response)
     }
 }
 
