@@ -11,7 +11,17 @@ use seckill_config::{
 
 use crate::client_ip::TrustedProxies;
 use crate::http1::MAX_HEADERS_CAP;
-use crate::ratelimit::RateLimitBackend;
+
+/// Where the rate limits' buckets live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateLimitBackend {
+    /// In this process: each replica limits on its own.
+    #[default]
+    Memory,
+    /// In Redis: the quotas hold across every replica sharing the Redis and namespace.
+    Redis,
+}
 
 /// Everything the gateway reads at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
