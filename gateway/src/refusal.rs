@@ -1,6 +1,6 @@
 //! The gateway's own error responses, in the contract's JSON shape (`{"code","message"}`,
-//! see `seckill_http::ErrorBody`), built straight into an [`http1::Response`]: the same
-//! bytes axum's `Json` would give, without a trip through its body types.
+//! see `seckill_http::ErrorBody`), built straight into a [`crate::http1::Response`]: the
+//! same bytes axum's `Json` would give, without a trip through its body types.
 
 use axum::http::StatusCode;
 use bytes::Bytes;
