@@ -73,7 +73,7 @@ impl Kind {
 
 /// Which of a message's headers describe one hop only (RFC 9110 §7.6.1): the fixed list,
 /// with the obsolete `Proxy-Connection`, and whatever its `Connection` headers name. The
-/// same rule for requests going to a replica and answers coming back.
+/// same rule for requests going to a replica and responses coming back.
 #[derive(Debug)]
 pub struct HopByHop<'a> {
     /// Names `Connection` lists beyond the fixed list: usually none (and then no allocation).

@@ -70,7 +70,7 @@ impl<'a> Incoming<'a> {
         }
     }
 
-    /// A timer of the connection's own for a replica's answer, set by the caller: pushing it
+    /// A timer of the connection's own for a replica's response, set by the caller: pushing it
     /// forward request after request costs an atomic store, where a new timer per request
     /// is a registration with the runtime's timer wheel and a removal.
     pub fn upstream_timer(&mut self) -> Pin<&mut Sleep> {

@@ -254,7 +254,7 @@ impl RequestHead {
         self.framing
     }
 
-    /// Whether the client lets the connection live on after the answer.
+    /// Whether the client lets the connection live on after the response.
     pub fn keep_alive(&self) -> bool {
         self.keep_alive
     }
