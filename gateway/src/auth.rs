@@ -1,7 +1,7 @@
-//! Authentication at the door: bearer token → verified user id and roles.
+//! Authentication at the gateway: bearer token → verified user id and roles.
 //!
 //! [`Authenticator::authenticate`] only says what it found (a [`Caller`] or the reason there is none): the
-//! request path ([`crate::door`]) charges a verified user per user and everyone else —
+//! request path ([`crate::pipeline`]) charges a verified user per user and everyone else —
 //! garbage tokens included — per client address, and refuses the request afterwards if its
 //! route needs a caller.
 
@@ -17,7 +17,8 @@ use seckill_config::split_list;
 use thread_local::ThreadLocal;
 
 use crate::Settings;
-use crate::http1::Answer;
+use crate::http1::Response;
+use crate::refusal;
 
 const WWW_AUTHENTICATE: &[u8] = b"www-authenticate";
 
@@ -171,39 +172,37 @@ fn bearer_token(value: &[u8]) -> Option<&str> {
 
 /// The 401 for a refused token: one message whatever went wrong; `reason` goes to the log
 /// and to `gateway_auth_failures_total{reason}`.
-pub async fn unauthorized(reason: &'static str) -> Answer {
+pub fn unauthorized(reason: &'static str) -> Response {
     metrics::counter!("gateway_auth_failures_total", "reason" => reason).increment(1);
     tracing::info!(reason, "request refused: no valid bearer token");
-    let mut answer = Answer::error(
+    let mut response = refusal::error(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
         "a valid bearer token is required",
-    )
-    .await;
+    );
     // RFC 6750 §3: no error code when no token was sent, `invalid_token` otherwise.
     let challenge = if reason == "missing_token" {
         "Bearer realm=\"seckill\""
     } else {
         "Bearer realm=\"seckill\", error=\"invalid_token\""
     };
-    answer.push_header(WWW_AUTHENTICATE, challenge.as_bytes());
-    answer
+    response.push_header(WWW_AUTHENTICATE, challenge.as_bytes());
+    response
 }
 
 /// The 403 for a non-admin on an admin route.
-pub async fn forbidden() -> Answer {
+pub fn forbidden() -> Response {
     metrics::counter!("gateway_auth_failures_total", "reason" => "not_admin").increment(1);
-    let mut answer = Answer::error(
+    let mut response = refusal::error(
         StatusCode::FORBIDDEN,
         "forbidden",
         "this action needs the admin role",
-    )
-    .await;
-    answer.push_header(
+    );
+    response.push_header(
         WWW_AUTHENTICATE,
         b"Bearer realm=\"seckill\", error=\"insufficient_scope\"",
     );
-    answer
+    response
 }
 
 #[cfg(test)]
@@ -244,7 +243,7 @@ mod tests {
             .expect("remembered");
         assert!(
             Arc::ptr_eq(&first, &second),
-            "the second answer came from the cache"
+            "the second response came from the cache"
         );
         assert_eq!((second.user_id, second.is_admin()), (7, true));
     }

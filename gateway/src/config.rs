@@ -11,7 +11,17 @@ use seckill_config::{
 
 use crate::client_ip::TrustedProxies;
 use crate::http1::MAX_HEADERS_CAP;
-use crate::ratelimit::RateLimitBackend;
+
+/// Where the rate limits' buckets live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateLimitBackend {
+    /// In this process: each replica limits on its own.
+    #[default]
+    Memory,
+    /// In Redis: the quotas hold across every replica sharing the Redis and namespace.
+    Redis,
+}
 
 /// Everything the gateway reads at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -50,7 +60,7 @@ pub struct Settings {
     pub upstream_eject_ms: u64,
     /// Deadline to open a connection to a replica, milliseconds; beyond it the next is tried.
     pub upstream_connect_timeout_ms: u64,
-    /// Deadline for a replica's whole answer, milliseconds (504 beyond it, no retry).
+    /// Deadline for a replica's whole response, milliseconds (504 beyond it, no retry).
     pub upstream_request_timeout_ms: u64,
     /// An idle kept-alive connection to a replica is closed after this, milliseconds; set it
     /// below the replicas' own keep-alive timeout, so the gateway, not the replica, closes
@@ -69,7 +79,7 @@ pub struct Settings {
     /// From the first byte of a request head to its end, milliseconds; a client that takes
     /// longer is disconnected.
     pub client_header_timeout_ms: u64,
-    /// How long a client connection may stay idle between requests (or leave an answer
+    /// How long a client connection may stay idle between requests (or leave a response
     /// unread), milliseconds.
     pub client_idle_timeout_ms: u64,
     /// Master switch of the per-user/per-IP rate limits.

@@ -1,4 +1,4 @@
-//! The gateway: the only public door.
+//! The gateway: the only way in from the public network.
 //!
 //! Every request to a business route is authenticated here (a JWT whose algorithm — HS256,
 //! RS256 or EdDSA — is pinned by configuration), rate-limited per user (per client address
@@ -10,24 +10,30 @@
 //!
 //! Layout:
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`;
-//!   [`serve`] — the accept loop and the worker threads; [`http1`] — the client side's
-//!   HTTP/1.1 (heads, framing, keep-alive); [`door`] — the request path, in order.
-//! - [`wire`] — a connection's read buffer and the body readers both sides share.
+//!   [`serve`] — the accept loop and the worker threads.
+//! - [`http1`] — HTTP/1.1 on both sides, knowing nothing of the rest: the server (heads,
+//!   framing, keep-alive) generic over a handler, the client for the upstream leg, the
+//!   body readers and header rules both share.
+//! - [`pipeline`] — the request path, in order: the application's `http1::Handler`;
+//!   [`ops`] — the operator endpoints through axum; [`refusal`] — the gateway's own JSON
+//!   error responses.
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
-//! - [`proxy`] — route table, upstream selection and ejection, request forwarding.
+//! - [`proxy`] — route table, upstream selection and ejection, request forwarding, the
+//!   upstream connection pool.
 
 pub mod auth;
 pub mod client_ip;
 pub mod config;
-pub mod door;
 pub mod http1;
+pub mod ops;
+pub mod pipeline;
 pub mod proxy;
 pub mod ratelimit;
+pub mod refusal;
 pub mod serve;
 pub mod startup;
-pub mod wire;
 
 pub use config::Settings;
 pub use startup::Application;

@@ -20,8 +20,8 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::door::Door;
-use crate::http1::{ConnLimits, serve_connection};
+use crate::http1::{ConnectionLimits, serve_connection};
+use crate::pipeline::Pipeline;
 
 /// How long requests under way may take to finish once shutdown began.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -70,14 +70,14 @@ impl Drop for Workers {
     }
 }
 
-/// Answers requests on `listener` through `door` until SIGINT/SIGTERM or `cancel`, then stops
+/// Answers requests on `listener` through `pipeline` until SIGINT/SIGTERM or `cancel`, then stops
 /// accepting and lets requests under way finish. Cancels `cancel` on the way out.
 /// Connections are served on `workers` threads of their own.
 pub async fn serve(
     listener: TcpListener,
-    door: Arc<Door>,
+    pipeline: Arc<Pipeline>,
     cancel: CancellationToken,
-    limits: ConnLimits,
+    limits: ConnectionLimits,
     workers: NonZeroUsize,
 ) -> std::io::Result<()> {
     let closing = CancellationToken::new();
@@ -107,10 +107,10 @@ pub async fn serve(
             }
         };
         let (runtime, closing) = workers.next();
-        let (door, closing) = (door.clone(), closing.clone());
+        let (pipeline, closing) = (pipeline.clone(), closing.clone());
         runtime.spawn(connections.track_future(async move {
             match TcpStream::from_std(stream) {
-                Ok(stream) => serve_connection(stream, peer, &door, limits, &closing).await,
+                Ok(stream) => serve_connection(stream, peer, &*pipeline, limits, &closing).await,
                 Err(e) => tracing::warn!(%peer, error = %e, "could not register the connection"),
             }
         }));

@@ -12,9 +12,9 @@ use seckill_http::ops::{self, Probe};
 
 use crate::Settings;
 use crate::auth::{self, Authenticator};
-use crate::door::{Door, InFlight};
-use crate::http1::{ConnLimits, HeadLimits};
-use crate::proxy::{Outgoing, PoolSettings, ProxyState, Upstreams};
+use crate::http1::{ConnectionLimits, HeadLimits, Outgoing};
+use crate::pipeline::{InFlight, Pipeline};
+use crate::proxy::{PoolSettings, ProxyState, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve;
 
@@ -23,9 +23,9 @@ use crate::serve;
 pub struct Application {
     listener: TcpListener,
     port: u16,
-    door: Arc<Door>,
+    pipeline: Arc<Pipeline>,
     cancel: CancellationToken,
-    limits: ConnLimits,
+    limits: ConnectionLimits,
     workers: std::num::NonZeroUsize,
 }
 
@@ -60,7 +60,7 @@ impl Application {
         let cancel = CancellationToken::new();
         let rate_limits = RateLimits::build(&settings).await?;
         let housekeeping = rate_limits.clone();
-        let door = Arc::new(Door {
+        let pipeline = Arc::new(Pipeline {
             ops: seckill_http::layers::instrument(ops::router(probes), "gateway"),
             auth: Authenticator::new(auth::verifier(&settings)?, settings.jwt_cache_entries),
             trusted_proxies,
@@ -79,9 +79,9 @@ impl Application {
         Ok(Self {
             listener,
             port,
-            door,
+            pipeline,
             cancel,
-            limits: ConnLimits {
+            limits: ConnectionLimits {
                 head: HeadLimits {
                     max_header_bytes: settings.max_header_bytes,
                     max_headers: settings.max_headers,
@@ -109,7 +109,7 @@ impl Application {
         tracing::info!(port = self.port, "gateway listening");
         serve::serve(
             self.listener,
-            self.door,
+            self.pipeline,
             self.cancel,
             self.limits,
             self.workers,
@@ -129,14 +129,14 @@ fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
             Box::pin(async move {
                 let pool = upstreams.first().pool();
                 let request = format!("GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", pool.host());
-                let answer = pool
+                let response = pool
                     .exchange(Outgoing::new(request.as_bytes()))
                     .await
                     .map_err(|e| e.to_string())?;
-                if answer.status.is_success() {
+                if response.status.is_success() {
                     Ok(())
                 } else {
-                    Err(format!("answered {}", answer.status))
+                    Err(format!("answered {}", response.status))
                 }
             })
         })

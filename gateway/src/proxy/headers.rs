@@ -10,7 +10,8 @@
 //! the signed identity), any identity header the client sent, `Expect` (answered here), and
 //! the client's framing.
 //!
-//! An answer comes back with its end-to-end headers only ([`crate::http1::HopByHop`], the same rule as on the way out).
+//! A response comes back with its end-to-end headers only ([`crate::http1::HopByHop`], the
+//! same rule as on the way out).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -34,7 +35,7 @@ pub struct Forward<'a> {
     pub peer: SocketAddr,
     /// Whose `X-Forwarded-Proto` is believed.
     pub trusted: &'a TrustedProxies,
-    /// The request id, kept or made at the door.
+    /// The request id, kept or made by the pipeline.
     pub request_id: &'a [u8],
     /// The trace context travelling on.
     pub trace: &'a TraceContext<'a>,

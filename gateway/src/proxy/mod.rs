@@ -2,7 +2,8 @@
 //! forwarding itself.
 //!
 //! Layout: [`upstream`] — replicas, round-robin, passive ejection; [`pool`] — each
-//! replica's keep-alive connections, driven by the request that holds one; [`headers`] —
+//! replica's keep-alive connections, checked out by the request that holds one (the
+//! exchange itself is [`crate::http1::client`]'s); [`headers`] —
 //! what the gateway adds to and removes from forwarded headers (`X-Forwarded-*`,
 //! `traceparent`).
 
@@ -19,10 +20,11 @@ use seckill_auth::IdentitySigner;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
-use crate::http1::{Answer, BodyError, Incoming};
+use crate::http1::{BodyError, ExchangeError, Incoming, Outgoing, Response};
+use crate::refusal;
 use headers::{Forward, TraceContext};
 
-pub use pool::{ExchangeError, Outgoing, PoolSettings};
+pub use pool::PoolSettings;
 pub use upstream::Upstreams;
 
 /// What the proxy handler needs.
@@ -34,7 +36,7 @@ pub struct ProxyState {
     pub seckill_api: Arc<Upstreams>,
     /// order-service replicas.
     pub order_service: Arc<Upstreams>,
-    /// Deadline for one replica's whole answer; the request may have reached it, so a
+    /// Deadline for one replica's whole response; the request may have reached it, so a
     /// timeout is answered 504, never retried elsewhere.
     pub upstream_timeout: Duration,
     /// Whose `X-Forwarded-Proto` is believed.
@@ -117,25 +119,24 @@ pub fn has_dot_segment(path: &str) -> bool {
 
 /// Forwards an admitted request of `caller` to a replica of `service`, with identity
 /// re-signed: reads the body whole (413 beyond `max_body_bytes`), tries the replicas in
-/// turn while nothing was sent, and answers with the replica's answer or a JSON error.
+/// turn while nothing was sent, and responds with the replica's response or a JSON error.
 pub async fn forward(
     state: &ProxyState,
     service: Service,
     caller: &Caller,
     incoming: &mut Incoming<'_>,
     request_id: &[u8],
-) -> Answer {
+) -> Response {
     let body = match incoming.body().await {
         Ok(body) => body,
         Err(BodyError::TooLarge(limit)) => {
             let message = format!("request bodies are limited to {limit} bytes");
-            return Answer::error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
-                .await;
+            return refusal::error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &message);
         }
         Err(e) => {
             tracing::debug!(error = ?e, "client body unreadable");
             let message = "the request body could not be read";
-            return Answer::error(StatusCode::BAD_REQUEST, "invalid_request", message).await;
+            return refusal::error(StatusCode::BAD_REQUEST, "invalid_request", message);
         }
     };
     let head = incoming.head;
@@ -167,7 +168,7 @@ pub async fn forward(
             () = timer => Err(()),
         };
         let (status, code, message) = match outcome {
-            Ok(Ok(answer)) => return answer,
+            Ok(Ok(response)) => return response,
             // Nothing reached the replica (or, for a safe request, nothing was answered):
             // safe to try the next one, even for a purchase.
             Ok(Err(ExchangeError::Connect(reason))) => {
@@ -206,22 +207,15 @@ pub async fn forward(
                 )
             }
         };
-        return Answer::error(status, code, message).await;
+        return refusal::error(status, code, message);
     }
-    unavailable("no upstream available, retry shortly").await
+    refusal::unavailable("no upstream available, retry shortly")
 }
 
 fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
     metrics::counter!("gateway_upstream_errors_total", "upstream" => upstreams.name(),
         "kind" => kind)
     .increment(1);
-}
-
-/// A 503 with `Retry-After: 1`.
-pub async fn unavailable(message: &'static str) -> Answer {
-    let mut answer = Answer::error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).await;
-    answer.push_header(b"retry-after", b"1");
-    answer
 }
 
 #[cfg(test)]

@@ -1,45 +1,23 @@
-//! Connections to one replica, and the HTTP/1.1 exchange over them.
-//!
-//! The gateway speaks to its replicas in the narrowest HTTP/1.1 there is: one request at a
-//! time per connection, the request written in one buffer (head and body: the body was read
-//! whole at the door), the answer parsed with `httparse` and read whole (`Content-Length`,
-//! chunked, or until the replica closes), its end-to-end header lines copied as they came
-//! into the [`Answer`] the client's connection writes. No channels and no task of its own:
-//! the request's task writes and reads the socket itself. A general client (hyper's, used
-//! before) pays per request for a dispatch channel, a response channel, a body channel and
-//! re-encoding a header map; here that was about a quarter of the gateway's user-space CPU.
+//! Connections to one replica: checked out for an exchange, checked back in after it,
+//! closed when idle too long or found closed by the replica. The exchange itself is the
+//! HTTP/1.1 client's ([`crate::http1::client`]); the pool is where it takes its
+//! connections from.
 //!
 //! Idle connections are kept per thread (no lock; on a current-thread runtime a socket stays
 //! with the reactor it is registered with), newest used first, oldest closed once idle too
-//! long. Before reuse a connection is checked without blocking: one the replica closed while
-//! it was idle is dropped, not used. Answers leave with a `Content-Length` of what was read,
-//! never the framing the replica used.
-//!
-//! Never twice: a request that is not *safe* (RFC 9110 §9.2.1: GET, HEAD, OPTIONS) moves to
-//! another connection only when not one byte of it was accepted (a connect failure, or the
-//! first write on a reused connection refused because the replica had closed it). Once a
-//! byte is out, any failure is [`ExchangeError::Failed`] and the caller must not retry it —
-//! a purchase may have reached the replica. So before such a request is written on a reused
-//! connection, the socket itself is asked whether the replica closed it (a non-blocking
-//! peek). A safe request skips that system call when the reactor has seen nothing arrive on
-//! the idle connection; if the replica closed it in the meantime, the connection ends before
-//! a byte of the answer and the request is sent once more on a new connection — the
-//! keep-alive race every HTTP client handles this way for safe methods (RFC 9112 §9.3.1).
+//! long. Before reuse a connection is checked without blocking (how, the client decides:
+//! [`Probe`]): one the replica closed while it was idle is dropped, not used.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::io;
 use std::time::{Duration, Instant};
 
 use axum::http::uri::Authority;
-use axum::http::{Method, StatusCode};
-use bytes::{Buf, Bytes};
 use thread_local::ThreadLocal;
-use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use crate::http1::{Answer, HopByHop, header_line};
-use crate::wire::{self, Wire, WireError};
+use crate::http1::client::{self, ConnectionPool, ExchangeError, Outgoing};
+use crate::http1::{Connection, Probe, Response};
 
 /// How connections to a replica are made and kept.
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +28,7 @@ pub struct PoolSettings {
     pub idle_timeout: Duration,
     /// Idle connections kept per thread; more are closed when they come back.
     pub max_idle_per_thread: usize,
-    /// Largest response body read from a replica (the answer is read whole, then sent on).
+    /// Largest response body read from a replica (the response is read whole, then sent on).
     pub max_response_bytes: usize,
 }
 
@@ -65,56 +43,8 @@ impl Default for PoolSettings {
     }
 }
 
-/// Why an exchange with a replica failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ExchangeError {
-    /// No byte of the request left the gateway (or, for a safe request, none was answered
-    /// and no new connection could be made): it may go to another replica.
-    #[error("could not connect: {0}")]
-    Connect(String),
-    /// The request may have reached the replica: it must not be sent again.
-    #[error("exchange failed: {0}")]
-    Failed(String),
-    /// The replica's answer was larger than `max_response_bytes`.
-    #[error("response body over {0} bytes")]
-    TooLarge(usize),
-}
-
-impl From<WireError> for ExchangeError {
-    fn from(e: WireError) -> Self {
-        match e {
-            WireError::TooLarge(limit) => Self::TooLarge(limit),
-            other => Self::Failed(other.to_string()),
-        }
-    }
-}
-
-/// A request ready for the wire: its bytes (head with `Host`, body framed by its length)
-/// and what its method means for the exchange.
-#[derive(Debug, Clone, Copy)]
-pub struct Outgoing<'a> {
-    wire: &'a [u8],
-    /// GET, HEAD or OPTIONS (RFC 9110 §9.2.1): may be sent again after a keep-alive race.
-    safe: bool,
-    /// HEAD: the answer has no body, whatever its head says.
-    head_only: bool,
-}
-
-impl<'a> Outgoing<'a> {
-    /// The request whose bytes are `wire`; its method is read from them.
-    pub fn new(wire: &'a [u8]) -> Self {
-        let method = wire.split(|&b| b == b' ').next().unwrap_or_default();
-        let is = |m: &Method| method == m.as_str().as_bytes();
-        Self {
-            wire,
-            safe: is(&Method::GET) || is(&Method::HEAD) || is(&Method::OPTIONS),
-            head_only: is(&Method::HEAD),
-        }
-    }
-}
-
 struct Idle {
-    connection: Wire,
+    connection: Connection,
     since: Instant,
 }
 
@@ -137,11 +67,6 @@ impl std::fmt::Debug for Pool {
             .finish_non_exhaustive()
     }
 }
-
-/// Headers a parsed answer may have at most.
-const MAX_RESPONSE_HEADERS: usize = 100;
-/// Largest answer head (status line and headers).
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 impl Pool {
     /// Connections to the replica at `authority` (`host[:port]`, port 80 when absent).
@@ -168,94 +93,9 @@ impl Pool {
         &self.host
     }
 
-    /// Sends `request` and reads the whole answer.
-    pub async fn exchange(&self, request: Outgoing<'_>) -> Result<Answer, ExchangeError> {
-        // After a reused connection ended before answering a safe request: a new one only.
-        let mut fresh_only = false;
-        let mut connection = loop {
-            let idle = if fresh_only {
-                None
-            } else {
-                self.checkout(!request.safe)
-            };
-            let (mut connection, reused) = match idle {
-                Some(connection) => (connection, true),
-                None => (self.connect().await.map_err(ExchangeError::Connect)?, false),
-            };
-            // The first write decides: refused whole, nothing of the request left.
-            match connection.stream.write(request.wire).await {
-                Ok(0) | Err(_) if reused => continue,
-                Ok(0) => return Err(ExchangeError::Connect("connection closed".into())),
-                Err(e) => return Err(ExchangeError::Connect(e.to_string())),
-                Ok(written) => {
-                    if written < request.wire.len() {
-                        connection
-                            .stream
-                            .write_all(&request.wire[written..])
-                            .await
-                            .map_err(|e| ExchangeError::Failed(e.to_string()))?;
-                    }
-                }
-            }
-            // The first bytes of the answer. A reused connection that ends here was closed
-            // by the replica while idle (or it dropped the request unanswered): a safe
-            // request goes again, on a new connection.
-            match connection.fill().await {
-                Err(_) if reused && request.safe => fresh_only = true,
-                Err(e) => return Err(e.into()),
-                Ok(()) => break connection,
-            }
-        };
-        let (answer, keep) = read_answer(
-            &mut connection,
-            request.head_only,
-            self.settings.max_response_bytes,
-        )
-        .await?;
-        if keep && connection.read.is_empty() {
-            self.checkin(connection);
-        }
-        Ok(answer)
-    }
-
-    /// A new connection; the error says why there is none.
-    async fn connect(&self) -> Result<Wire, String> {
-        let connect = TcpStream::connect(self.address.as_str());
-        let stream = match tokio::time::timeout(self.settings.connect_timeout, connect).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) => return Err("connect timed out".into()),
-        };
-        let _ = stream.set_nodelay(true);
-        Ok(Wire::new(stream))
-    }
-
-    /// The newest idle connection of this thread that is still open; with `verify`, as the
-    /// socket says, else as far as the reactor knows (see the module's notes).
-    fn checkout(&self, verify: bool) -> Option<Wire> {
-        let mut idle = self.idle.get_or_default().borrow_mut();
-        self.forget_expired(&mut idle);
-        while let Some(Idle { connection, .. }) = idle.pop_back() {
-            if still_open(&connection, verify) {
-                return Some(connection);
-            }
-        }
-        None
-    }
-
-    fn checkin(&self, mut connection: Wire) {
-        if self.settings.idle_timeout.is_zero() {
-            return;
-        }
-        connection.shrink();
-        // Expired ones were closed at the checkout just before.
-        let mut idle = self.idle.get_or_default().borrow_mut();
-        if idle.len() < self.settings.max_idle_per_thread {
-            idle.push_back(Idle {
-                connection,
-                since: Instant::now(),
-            });
-        }
+    /// Sends `request` on one of the pool's connections and reads the whole response.
+    pub async fn exchange(&self, request: Outgoing<'_>) -> Result<Response, ExchangeError> {
+        client::exchange(self, request, self.settings.max_response_bytes).await
     }
 
     /// Closes the idle connections past `idle_timeout`: the oldest, at the front.
@@ -274,177 +114,45 @@ impl Pool {
     }
 }
 
-/// Whether an idle connection is still open: nothing to read yet. End of stream (the
-/// replica closed it), stray bytes or an error all mean it must not be used.
-///
-/// With `verify`, asks the socket itself (a non-blocking peek): tokio's readiness learns of
-/// a close only when the reactor next turns. Without, the peek is made only when the reactor
-/// has seen the socket become readable since the last answer was read (a short read clears
-/// that), and a would-block clears it again (`try_io`).
-fn still_open(connection: &Wire, verify: bool) -> bool {
-    let peek = || {
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        socket2::SockRef::from(&connection.stream).peek(&mut probe)
-    };
-    let result = if verify {
-        peek()
-    } else {
-        connection.stream.try_io(Interest::READABLE, peek)
-    };
-    matches!(result, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-}
-
-/// What an answer's head says about its body and its connection.
-struct Framing {
-    /// A `Transfer-Encoding` was sent; whether its last coding is `chunked`.
-    transfer_encoding: Option<bool>,
-    /// A `Content-Length` was sent: its value, or `None` when malformed or conflicting.
-    content_length: Option<Option<u64>>,
-    /// HTTP/1.1 without `Connection: close`.
-    keep_alive: bool,
-}
-
-/// The parts of an answer's head the gateway keeps.
-struct AnswerHead {
-    status: u16,
-    /// Its end-to-end header lines.
-    lines: Vec<u8>,
-    framing: Framing,
-    bodiless: bool,
-}
-
-/// Reads one whole answer from `connection`; whether the connection may be used again.
-/// The answer's headers are its end-to-end ones, copied as they came: hop-by-hop headers
-/// (and those `Connection` names) are left out, and so is the replica's framing — the
-/// client's connection writes the length of what was read.
-async fn read_answer(
-    connection: &mut Wire,
-    head_only: bool,
-    max_body: usize,
-) -> Result<(Answer, bool), ExchangeError> {
-    let failed = |what: &str| ExchangeError::Failed(what.to_string());
-    let head = loop {
-        match parse_answer_head(&connection.read, head_only)? {
-            Some((length, head)) => {
-                connection.read.advance(length);
-                // An interim answer (100 Continue and the like): the real one follows.
-                if (100..200).contains(&head.status) && head.status != 101 {
-                    continue;
-                }
-                break head;
+impl ConnectionPool for Pool {
+    /// The newest idle connection of this thread that is still open, as `probe` tells.
+    fn checkout(&self, probe: Probe) -> Option<Connection> {
+        let mut idle = self.idle.get_or_default().borrow_mut();
+        self.forget_expired(&mut idle);
+        while let Some(Idle { connection, .. }) = idle.pop_back() {
+            if connection.still_open(probe) {
+                return Some(connection);
             }
-            None if connection.read.len() > MAX_RESPONSE_HEAD => {
-                return Err(failed("answer head too large"));
-            }
-            None => connection.fill().await?,
         }
-    };
-    let status = StatusCode::from_u16(head.status).map_err(|_| failed("bad status"))?;
-    if status == StatusCode::SWITCHING_PROTOCOLS {
-        return Err(failed("the replica switched protocols"));
+        None
     }
-    let framing = head.framing;
-    let mut keep = framing.keep_alive;
-    let body = if head.bodiless {
-        Bytes::new()
-    } else if let Some(chunked) = framing.transfer_encoding {
-        // Transfer-Encoding wins over any Content-Length, which goes (RFC 9112 §6.3); an
-        // answer with both is suspect, so its connection is not used again.
-        if framing.content_length.is_some() {
-            keep = false;
-        }
-        if chunked {
-            connection.read_chunked(max_body).await?
-        } else {
-            keep = false;
-            connection.read_to_end(max_body).await?
-        }
-    } else if let Some(length) = framing.content_length {
-        let length =
-            length.ok_or_else(|| failed("bad or conflicting content-length in the answer"))?;
-        if length > max_body as u64 {
-            return Err(ExchangeError::TooLarge(max_body));
-        }
-        connection.read_exactly(length as usize).await?
-    } else {
-        keep = false;
-        connection.read_to_end(max_body).await?
-    };
-    let answer = Answer {
-        status,
-        headers: head.lines,
-        body,
-        length_given: head.bodiless,
-    };
-    Ok((answer, keep))
-}
 
-/// The head at the start of `buffer`, with its length; `None` while incomplete.
-fn parse_answer_head(
-    buffer: &[u8],
-    head_only: bool,
-) -> Result<Option<(usize, AnswerHead)>, ExchangeError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut parsed = httparse::Response::new(&mut slots);
-    let length = match parsed.parse(buffer) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(ExchangeError::Failed(format!("bad answer head: {e}"))),
-    };
-    let status = parsed
-        .code
-        .ok_or_else(|| ExchangeError::Failed("no status".into()))?;
-    // No body, whatever the head announces (RFC 9112 §6.3).
-    let bodiless = head_only || status == 204 || status == 304;
-    let framing = framing(parsed.headers, parsed.version == Some(1));
-    let connection = parsed
-        .headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("connection"));
-    let hop_by_hop = HopByHop::of(connection.map(|h| h.value));
-    let mut lines = Vec::with_capacity(buffer.len().min(length));
-    for header in parsed.headers.iter() {
-        let framed_here = !bodiless && header.name.eq_ignore_ascii_case("content-length");
-        if framed_here || hop_by_hop.contains(header.name.as_bytes()) {
-            continue;
-        }
-        // httparse checked the name is a token and the value holds no CR or LF.
-        header_line(&mut lines, header.name.as_bytes(), header.value);
+    /// A new connection; the error says why there is none.
+    async fn connect(&self) -> Result<Connection, String> {
+        let connect = TcpStream::connect(self.address.as_str());
+        let stream = match tokio::time::timeout(self.settings.connect_timeout, connect).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("connect timed out".into()),
+        };
+        let _ = stream.set_nodelay(true);
+        Ok(Connection::new(stream))
     }
-    let head = AnswerHead {
-        status,
-        lines,
-        framing,
-        bodiless,
-    };
-    Ok(Some((length, head)))
-}
 
-/// The framing of an answer with `headers`; `http11`: its version is HTTP/1.1.
-fn framing(headers: &[httparse::Header<'_>], http11: bool) -> Framing {
-    let values = |name: &'static str| {
-        headers
-            .iter()
-            .filter(move |h| h.name.eq_ignore_ascii_case(name))
-            .map(|h| h.value)
-    };
-    let has_te = values("transfer-encoding").next().is_some();
-    let has_cl = values("content-length").next().is_some();
-    Framing {
-        transfer_encoding: has_te.then(|| last_coding_is_chunked(values("transfer-encoding"))),
-        content_length: has_cl.then(|| wire::content_length(values("content-length"))),
-        keep_alive: http11
-            && !crate::http1::list_items(values("connection"))
-                .any(|t| t.eq_ignore_ascii_case(b"close")),
+    fn checkin(&self, mut connection: Connection) {
+        if self.settings.idle_timeout.is_zero() {
+            return;
+        }
+        connection.shrink();
+        // Expired ones were closed at the checkout just before.
+        let mut idle = self.idle.get_or_default().borrow_mut();
+        if idle.len() < self.settings.max_idle_per_thread {
+            idle.push_back(Idle {
+                connection,
+                since: Instant::now(),
+            });
+        }
     }
-}
-
-/// Whether the last transfer coding, over every `Transfer-Encoding` line, is `chunked`.
-fn last_coding_is_chunked<'a>(values: impl Iterator<Item = &'a [u8]>) -> bool {
-    let last = crate::http1::list_items(values)
-        .filter(|c| !c.is_empty())
-        .last();
-    last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
 }
 
 #[cfg(test)]
@@ -452,6 +160,7 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use axum::http::StatusCode;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 

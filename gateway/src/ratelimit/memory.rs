@@ -13,8 +13,7 @@ use governor::middleware::StateInformationMiddleware;
 use tower_governor::governor::{GovernorConfig, GovernorConfigBuilder};
 use tower_governor::key_extractor::KeyExtractor;
 
-use super::redis::Decision;
-use super::{QuotaSpec, RateKey};
+use super::quota::{Decision, QuotaSpec, RateKey};
 
 /// The key type of the limiter. The gateway hands keys to the limiter itself, so this
 /// extractor only names them; it never reads a request.

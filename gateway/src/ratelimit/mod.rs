@@ -6,88 +6,36 @@
 //! ([`memory`], tower_governor) or, with `rate_limit_backend = "redis"`, in Redis so that
 //! every replica enforces the same quotas ([`redis`], failing open when Redis is down).
 //!
-//! Every answer carries `x-ratelimit-limit` (the burst) and `x-ratelimit-remaining`; a 429
+//! Every response carries `x-ratelimit-limit` (the burst) and `x-ratelimit-remaining`; a 429
 //! adds `Retry-After` and `x-ratelimit-reset`, both the whole seconds until the next request
 //! would pass, rounded up so no client is told to come back early.
+//!
+//! Layout: [`quota`] — whom a request is charged to and against what; [`memory`] and
+//! [`redis`] — the two places buckets live; here — the verdict and its headers.
 
 pub mod memory;
+pub mod quota;
 pub mod redis;
 
-use std::fmt;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::Settings;
-use crate::http1::Answer;
+pub use crate::config::RateLimitBackend;
+use crate::config::Settings;
+use crate::http1::Response;
+use crate::refusal;
 use memory::MemoryQuota;
-use redis::{Decision, RedisQuotas};
+use quota::Decision;
+pub use quota::{QuotaSpec, RateKey};
+use redis::RedisQuotas;
 
 const X_RATELIMIT_LIMIT: &[u8] = b"x-ratelimit-limit";
 const X_RATELIMIT_REMAINING: &[u8] = b"x-ratelimit-remaining";
 const X_RATELIMIT_RESET: &[u8] = b"x-ratelimit-reset";
 const RETRY_AFTER: &[u8] = b"retry-after";
-
-/// Where the buckets live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RateLimitBackend {
-    /// In this process: each replica limits on its own.
-    #[default]
-    Memory,
-    /// In Redis: the quotas hold across every replica sharing the Redis and namespace.
-    Redis,
-}
-
-/// Whom a request is charged to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RateKey {
-    /// A verified user, wherever they connect from.
-    User(i64),
-    /// An unauthenticated client, by address.
-    Client(IpAddr),
-}
-
-impl fmt::Display for RateKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::User(id) => write!(f, "u:{id}"),
-            Self::Client(ip) => write!(f, "ip:{ip}"),
-        }
-    }
-}
-
-/// One quota: a rate, a burst, and the label it is counted under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuotaSpec {
-    /// `purchase` or `default`: the metric label and part of the Redis key.
-    pub route: &'static str,
-    /// Requests per second a client regains.
-    pub per_sec: u32,
-    /// Requests a client may send at once.
-    pub burst: u32,
-}
-
-impl QuotaSpec {
-    /// `None` when switched off (a zero rate or burst).
-    fn new(route: &'static str, per_sec: u32, burst: u32) -> Option<Self> {
-        (per_sec > 0 && burst > 0).then_some(Self {
-            route,
-            per_sec,
-            burst,
-        })
-    }
-
-    /// Time between two regained requests, microseconds (at least one: settings refuse
-    /// faster rates).
-    pub fn interval_us(&self) -> u64 {
-        (1_000_000 / u64::from(self.per_sec)).max(1)
-    }
-}
 
 /// The gateway's two quotas and where their buckets live, built from the settings.
 #[derive(Clone)]
@@ -166,7 +114,7 @@ impl RateLimits {
 /// What a quota says about one request.
 #[derive(Debug)]
 pub enum Verdict {
-    /// Let through; the answer carries the quota's headers.
+    /// Let through; the response carries the quota's headers.
     Allowed {
         /// The burst, for `x-ratelimit-limit`.
         limit: u32,
@@ -181,41 +129,40 @@ pub enum Verdict {
         /// for `Retry-After` and `x-ratelimit-reset`.
         wait_secs: u64,
     },
-    /// No quota applies (switched off), or its Redis did not answer (fail open).
+    /// No quota applies (switched off), or its Redis did not response (fail open).
     Unmetered,
 }
 
 impl Verdict {
-    /// Puts the quota's headers on an answer: `x-ratelimit-limit` and `-remaining`, and on a
+    /// Puts the quota's headers on an response: `x-ratelimit-limit` and `-remaining`, and on a
     /// refusal `Retry-After` and `x-ratelimit-reset` too.
-    pub fn annotate(&self, answer: &mut Answer) {
+    pub fn annotate(&self, response: &mut Response) {
         let mut number = itoa::Buffer::new();
         let (limit, remaining, wait_secs) = match *self {
             Self::Allowed { limit, remaining } => (limit, remaining, None),
             Self::Limited { limit, wait_secs } => (limit, 0, Some(wait_secs)),
             Self::Unmetered => return,
         };
-        answer.push_header(X_RATELIMIT_LIMIT, number.format(limit).as_bytes());
-        answer.push_header(X_RATELIMIT_REMAINING, number.format(remaining).as_bytes());
+        response.push_header(X_RATELIMIT_LIMIT, number.format(limit).as_bytes());
+        response.push_header(X_RATELIMIT_REMAINING, number.format(remaining).as_bytes());
         if let Some(wait) = wait_secs {
-            answer.push_header(RETRY_AFTER, number.format(wait).as_bytes());
-            answer.push_header(X_RATELIMIT_RESET, number.format(wait).as_bytes());
+            response.push_header(RETRY_AFTER, number.format(wait).as_bytes());
+            response.push_header(X_RATELIMIT_RESET, number.format(wait).as_bytes());
         }
     }
 
     /// The JSON 429 when the request was refused, with the quota's headers.
-    pub async fn refusal(&self) -> Option<Answer> {
+    pub fn refusal(&self) -> Option<Response> {
         let Self::Limited { .. } = self else {
             return None;
         };
-        let mut answer = Answer::error(
+        let mut response = refusal::error(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
             "too many requests, retry later",
-        )
-        .await;
-        self.annotate(&mut answer);
-        Some(answer)
+        );
+        self.annotate(&mut response);
+        Some(response)
     }
 }
 

@@ -17,30 +17,13 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Script};
 
-use super::{QuotaSpec, RateKey};
-use crate::Settings;
+use super::quota::{Decision, QuotaSpec, RateKey};
+use crate::config::Settings;
 
 /// Pause between connection attempts while Redis is unreachable.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// What Redis said about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Let through; `remaining` more would pass right now.
-    Allowed {
-        /// Requests left in the burst.
-        remaining: u64,
-    },
-    /// Refused; the next request passes in `retry_after_secs` (rounded up).
-    Limited {
-        /// Whole seconds to wait.
-        retry_after_secs: u64,
-    },
-    /// Redis did not answer: let through, unlimited.
-    Unknown,
-}
 
 #[derive(Clone)]
 enum Conn {

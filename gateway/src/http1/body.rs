@@ -1,6 +1,6 @@
 //! A TCP connection with its read buffer, and reading HTTP/1.1 message bodies off it: the
-//! one reader both sides of the gateway use, for client requests ([`crate::http1`]) and for
-//! replica answers ([`crate::proxy::pool`]).
+//! one reader both sides share, for client requests ([`super::server`]) and for replica
+//! responses ([`super::client`]).
 //!
 //! Bodies are read whole and checked strictly: a chunked body's size lines are hex digits
 //! (an extension may follow a `;`) ended by CRLF, each chunk is followed by CRLF, trailers
@@ -9,10 +9,13 @@
 //! this parser about where a message ends.
 
 use std::io;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
+
+use super::request::{HeadError, HeadLimits, RequestHead};
 
 /// How much a read buffer grows at most per read, and the capacity beyond which a buffer
 /// is replaced by a small one between messages (a large message should not keep its memory
@@ -23,10 +26,13 @@ pub const INITIAL_CAPACITY: usize = 4096;
 /// Longest chunk-size line (with its extensions) and longest trailer section.
 const MAX_CHUNK_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16 * 1024;
+/// How long, and for how many bytes, a closing connection is drained.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
 
 /// Why a message could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum WireError {
+pub enum ReadError {
     /// The peer closed the connection before the message ended.
     #[error("the peer closed the connection mid-message")]
     Closed,
@@ -41,89 +47,162 @@ pub enum WireError {
     Malformed(&'static str),
 }
 
-/// An open connection and what has been read from it but not used yet.
-#[derive(Debug)]
-pub struct Wire {
-    /// The socket, read here and written by the owner.
-    pub stream: TcpStream,
-    /// Bytes read and not yet consumed: the start of the next message, if any.
-    pub read: BytesMut,
+/// How an idle connection is checked for a close by its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Ask the socket itself (a non-blocking peek): tokio's readiness learns of a close
+    /// only when the reactor next turns.
+    Socket,
+    /// Peek only when the reactor has seen the socket become readable since the last
+    /// message was read (a short read clears that); a would-block clears it again.
+    Reactor,
 }
 
-impl Wire {
+/// An open connection and what has been read from it but not used yet.
+#[derive(Debug)]
+pub struct Connection {
+    /// The socket: read into `buffer` only, written through the methods below.
+    stream: TcpStream,
+    /// Bytes read and not yet consumed: the start of the next message, if any.
+    buffer: BytesMut,
+}
+
+impl Connection {
     /// A connection with an empty buffer.
     pub fn new(stream: TcpStream) -> Self {
         Self {
             stream,
-            read: BytesMut::with_capacity(INITIAL_CAPACITY),
+            buffer: BytesMut::with_capacity(INITIAL_CAPACITY),
         }
     }
 
-    /// Reads more into the buffer; the end of the stream is [`WireError::Closed`].
-    pub async fn fill(&mut self) -> Result<(), WireError> {
-        self.read.reserve(INITIAL_CAPACITY);
-        match self.stream.read_buf(&mut self.read).await? {
-            0 => Err(WireError::Closed),
+    /// Reads more into the buffer; the end of the stream is [`ReadError::Closed`].
+    pub async fn fill(&mut self) -> Result<(), ReadError> {
+        self.buffer.reserve(INITIAL_CAPACITY);
+        match self.stream.read_buf(&mut self.buffer).await? {
+            0 => Err(ReadError::Closed),
             _ => Ok(()),
         }
     }
 
+    /// The bytes read and not yet consumed.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buffer
+    }
+
+    /// Drops the first `length` buffered bytes (at most all of them).
+    pub fn consume(&mut self, length: usize) {
+        self.buffer.advance(length.min(self.buffer.len()));
+    }
+
+    /// The request head at the start of the buffer, split off it; `None` while incomplete
+    /// and within the limits.
+    pub fn request_head(&mut self, limits: HeadLimits) -> Result<Option<RequestHead>, HeadError> {
+        RequestHead::parse(&mut self.buffer, limits)
+    }
+
     /// Gives a buffer that grew for a large message back, keeping a small one.
     pub fn shrink(&mut self) {
-        if self.read.is_empty() && self.read.capacity() > GROWTH_STEP {
-            self.read = BytesMut::with_capacity(INITIAL_CAPACITY);
+        if self.buffer.is_empty() && self.buffer.capacity() > GROWTH_STEP {
+            self.buffer = BytesMut::with_capacity(INITIAL_CAPACITY);
         }
+    }
+
+    /// Writes some of `bytes` in one write; how many went out (0: the peer closed).
+    pub async fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.stream.write(bytes).await
+    }
+
+    /// Writes all of `bytes`.
+    pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+
+    /// Whether an idle connection is still open: nothing to read yet. End of stream (the
+    /// peer closed it), stray bytes or an error all mean it must not be used.
+    pub fn still_open(&self, probe: Probe) -> bool {
+        let peek = || {
+            let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+            socket2::SockRef::from(&self.stream).peek(&mut byte)
+        };
+        let result = match probe {
+            Probe::Socket => peek(),
+            Probe::Reactor => self.stream.try_io(Interest::READABLE, peek),
+        };
+        matches!(result, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Closes a connection the peer may still be writing to: this side first, then what
+    /// arrives is read and dropped until the peer closes too, for a short while. A socket
+    /// closed with unread bytes sends a reset, which can destroy the last response before
+    /// the client has read it (the "lingering close" every HTTP server does).
+    pub async fn linger(mut self) {
+        if self.stream.shutdown().await.is_err() {
+            return;
+        }
+        let stream = &mut self.stream;
+        let drain = async {
+            let mut sink = [0u8; 4096];
+            let mut drained = 0;
+            while drained < LINGER_BYTES {
+                match stream.read(&mut sink).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => drained += n,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, drain).await;
     }
 
     /// The next `length` bytes.
-    pub async fn read_exactly(&mut self, length: usize) -> Result<Bytes, WireError> {
+    pub async fn read_exactly(&mut self, length: usize) -> Result<Bytes, ReadError> {
         // Grown as the bytes come, not reserved for an announced length up front.
-        if self.read.len() < length {
-            self.read
-                .reserve((length - self.read.len()).min(GROWTH_STEP));
+        if self.buffer.len() < length {
+            self.buffer
+                .reserve((length - self.buffer.len()).min(GROWTH_STEP));
         }
-        while self.read.len() < length {
+        while self.buffer.len() < length {
             self.fill().await?;
         }
-        Ok(self.read.split_to(length).freeze())
+        Ok(self.buffer.split_to(length).freeze())
     }
 
     /// Everything until the peer closes, at most `max` bytes.
-    pub async fn read_to_end(&mut self, max: usize) -> Result<Bytes, WireError> {
+    pub async fn read_to_end(&mut self, max: usize) -> Result<Bytes, ReadError> {
         loop {
-            if self.read.len() > max {
-                return Err(WireError::TooLarge(max));
+            if self.buffer.len() > max {
+                return Err(ReadError::TooLarge(max));
             }
             match self.fill().await {
                 Ok(()) => {}
-                Err(WireError::Closed) => return Ok(self.read.split().freeze()),
+                Err(ReadError::Closed) => return Ok(self.buffer.split().freeze()),
                 Err(e) => return Err(e),
             }
         }
     }
 
     /// A chunked body (RFC 9112 §7.1), decoded, at most `max` bytes; trailers dropped.
-    pub async fn read_chunked(&mut self, max: usize) -> Result<Bytes, WireError> {
+    pub async fn read_chunked(&mut self, max: usize) -> Result<Bytes, ReadError> {
         let mut body = BytesMut::new();
         loop {
             let (line, size) = loop {
-                match chunk_size_line(&self.read)? {
+                match chunk_size_line(&self.buffer)? {
                     Some(parsed) => break parsed,
                     None => self.fill().await?,
                 }
             };
-            self.read.advance(line);
+            self.buffer.advance(line);
             if size == 0 {
                 break;
             }
             let size = usize::try_from(size).unwrap_or(usize::MAX);
             if body.len().saturating_add(size) > max {
-                return Err(WireError::TooLarge(max));
+                return Err(ReadError::TooLarge(max));
             }
             let chunk = self.read_exactly(size).await?;
             body.extend_from_slice(&chunk);
             if self.read_exactly(2).await?.as_ref() != b"\r\n" {
-                return Err(WireError::Malformed("chunk not followed by CRLF"));
+                return Err(ReadError::Malformed("chunk not followed by CRLF"));
             }
         }
         self.skip_trailers().await?;
@@ -131,23 +210,23 @@ impl Wire {
     }
 
     /// Reads the trailer section up to and including its empty line.
-    async fn skip_trailers(&mut self) -> Result<(), WireError> {
+    async fn skip_trailers(&mut self) -> Result<(), ReadError> {
         let mut seen = 0;
         loop {
-            let Some(end) = self.read.windows(2).position(|w| w == b"\r\n") else {
-                if seen + self.read.len() > MAX_TRAILERS {
-                    return Err(WireError::Malformed("trailers too large"));
+            let Some(end) = self.buffer.windows(2).position(|w| w == b"\r\n") else {
+                if seen + self.buffer.len() > MAX_TRAILERS {
+                    return Err(ReadError::Malformed("trailers too large"));
                 }
                 self.fill().await?;
                 continue;
             };
-            self.read.advance(end + 2);
+            self.buffer.advance(end + 2);
             seen += end + 2;
             if end == 0 {
                 return Ok(());
             }
             if seen > MAX_TRAILERS {
-                return Err(WireError::Malformed("trailers too large"));
+                return Err(ReadError::Malformed("trailers too large"));
             }
         }
     }
@@ -157,8 +236,8 @@ impl Wire {
 /// `None` while incomplete. Strict: 1 to 16 hex digits, then optionally blanks and a `;`
 /// extension of visible characters and blanks, then CRLF. A bare LF, a line without digits
 /// or a size that does not fit is malformed.
-pub fn chunk_size_line(buf: &[u8]) -> Result<Option<(usize, u64)>, WireError> {
-    let bad = || WireError::Malformed("bad chunk size line");
+pub fn chunk_size_line(buf: &[u8]) -> Result<Option<(usize, u64)>, ReadError> {
+    let bad = || ReadError::Malformed("bad chunk size line");
     let digits = buf.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits > 16 || (digits == 0 && !buf.is_empty()) {
         return Err(bad());
@@ -194,26 +273,6 @@ pub fn chunk_size_line(buf: &[u8]) -> Result<Option<(usize, u64)>, WireError> {
     Ok(Some((at + 2, size)))
 }
 
-/// The value of `Content-Length` headers: every value (and every comma-separated entry)
-/// digits only and all equal; `None` when malformed or conflicting (RFC 9110 §8.6).
-pub fn content_length<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<u64> {
-    let mut length = None;
-    for value in values {
-        for entry in value.split(|&b| b == b',') {
-            let entry = entry.trim_ascii();
-            if entry.is_empty() || entry.len() > 19 || !entry.iter().all(u8::is_ascii_digit) {
-                return None;
-            }
-            let parsed = entry.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-            if length.is_some_and(|seen| seen != parsed) {
-                return None;
-            }
-            length = Some(parsed);
-        }
-    }
-    length
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,31 +306,11 @@ mod tests {
             b"1;\x00\r\n",
         ] {
             assert!(
-                matches!(chunk_size_line(bad), Err(WireError::Malformed(_))),
+                matches!(chunk_size_line(bad), Err(ReadError::Malformed(_))),
                 "{bad:?}"
             );
         }
         let long = [b"1;".as_slice(), &[b'x'; MAX_CHUNK_LINE + 1]].concat();
         assert!(chunk_size_line(&long).is_err());
-    }
-
-    #[test]
-    fn content_lengths_must_be_digits_and_agree() {
-        let of = |values: &[&'static str]| content_length(values.iter().map(|v| v.as_bytes()));
-        assert_eq!(of(&["42"]), Some(42));
-        assert_eq!(of(&["7", "7"]), Some(7));
-        assert_eq!(of(&["7, 7"]), Some(7));
-        for bad in [
-            &["2", "10"][..],
-            &["+2"],
-            &["-1"],
-            &[""],
-            &["1 2"],
-            &["0x10"],
-            &["99999999999999999999"],
-            &["3,"],
-        ] {
-            assert_eq!(of(bad), None, "{bad:?}");
-        }
     }
 }

@@ -16,11 +16,11 @@
 
 use std::mem::MaybeUninit;
 
-use axum::http::uri::PathAndQuery;
-use axum::http::{Method, StatusCode};
 use bytes::{Bytes, BytesMut};
+use http::uri::PathAndQuery;
+use http::{Method, StatusCode};
 
-use crate::wire::content_length;
+use super::headers::{HopByHop, Kind, content_length, list_items};
 
 /// Most headers a request may be configured to carry (the parser's slots live on the stack).
 pub const MAX_HEADERS_CAP: usize = 256;
@@ -34,73 +34,14 @@ pub struct HeadLimits {
     pub max_headers: usize,
 }
 
-/// What a header is to the gateway.
+/// The protocol version of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `Host`: replaced by the replica's.
-    Host,
-    /// `Content-Length`: the body is re-framed.
-    ContentLength,
-    /// `Transfer-Encoding`: the body is re-framed.
-    TransferEncoding,
-    /// `Connection`: one hop only, and names others that are.
-    Connection,
-    /// The rest of the fixed hop-by-hop list (RFC 9110 §7.6.1) and `Proxy-Connection`.
-    HopByHop,
-    /// `Expect`: answered here (100 Continue), not forwarded.
-    Expect,
-    /// `Authorization`: verified here; backends trust the signed identity only.
-    Authorization,
-    /// `X-Request-Id`.
-    RequestId,
-    /// `X-Forwarded-For`.
-    ForwardedFor,
-    /// `X-Forwarded-Proto`.
-    ForwardedProto,
-    /// `traceparent`.
-    Traceparent,
-    /// `tracestate`.
-    Tracestate,
-    /// One of the identity headers backends read (`seckill_auth::identity::IDENTITY_HEADERS`): never
-    /// taken from a client.
-    Identity,
-    /// Anything else: forwarded as it came, unless `Connection` names it.
-    Other,
-}
-
-impl Kind {
-    /// The kind of the header `name` (any case).
-    pub fn of(name: &[u8]) -> Self {
-        let mut lower = [0u8; 24];
-        let Some(lower) = lower.get_mut(..name.len()) else {
-            return Self::Other;
-        };
-        for (to, from) in lower.iter_mut().zip(name) {
-            *to = from.to_ascii_lowercase();
-        }
-        match &*lower {
-            b"host" => Self::Host,
-            b"content-length" => Self::ContentLength,
-            b"transfer-encoding" => Self::TransferEncoding,
-            b"connection" => Self::Connection,
-            b"keep-alive"
-            | b"proxy-connection"
-            | b"te"
-            | b"trailer"
-            | b"upgrade"
-            | b"proxy-authorization"
-            | b"proxy-authenticate" => Self::HopByHop,
-            b"expect" => Self::Expect,
-            b"authorization" => Self::Authorization,
-            b"x-request-id" => Self::RequestId,
-            b"x-forwarded-for" => Self::ForwardedFor,
-            b"x-forwarded-proto" => Self::ForwardedProto,
-            b"traceparent" => Self::Traceparent,
-            b"tracestate" => Self::Tracestate,
-            b"x-user-id" | b"x-user-roles" | b"x-identity-ts" | b"x-identity-sig" => Self::Identity,
-            _ => Self::Other,
-        }
-    }
+pub enum Version {
+    /// HTTP/1.0: the connection closes after the response unless the client asked
+    /// `Connection: keep-alive`.
+    Http10,
+    /// HTTP/1.1: the connection lives on unless either side says `Connection: close`.
+    Http11,
 }
 
 /// How the request's body is delimited.
@@ -299,9 +240,13 @@ impl RequestHead {
         self.target.path()
     }
 
-    /// HTTP/1.1 (else 1.0).
-    pub fn is_http11(&self) -> bool {
-        self.http11
+    /// HTTP/1.1 or 1.0.
+    pub fn version(&self) -> Version {
+        if self.http11 {
+            Version::Http11
+        } else {
+            Version::Http10
+        }
     }
 
     /// How the body is delimited.
@@ -309,7 +254,7 @@ impl RequestHead {
         self.framing
     }
 
-    /// Whether the client lets the connection live on after the answer.
+    /// Whether the client lets the connection live on after the response.
     pub fn keep_alive(&self) -> bool {
         self.keep_alive
     }
@@ -375,51 +320,6 @@ fn origin_form(target: &str) -> Result<Option<&str>, HeadError> {
     }
 }
 
-/// Which of a message's headers describe one hop only (RFC 9110 §7.6.1): the fixed list,
-/// with the obsolete `Proxy-Connection`, and whatever its `Connection` headers name. The
-/// same rule for requests going to a replica and answers coming back.
-#[derive(Debug)]
-pub struct HopByHop<'a> {
-    /// Names `Connection` lists beyond the fixed list: usually none (and then no allocation).
-    named: Vec<&'a [u8]>,
-}
-
-impl<'a> HopByHop<'a> {
-    /// The hop-by-hop headers of a message whose `Connection` values are `connection`.
-    pub fn of(connection: impl Iterator<Item = &'a [u8]>) -> Self {
-        let named = list_items(connection)
-            .filter(|name| !name.is_empty() && !is_listed(name))
-            .collect();
-        Self { named }
-    }
-
-    /// Whether the header `name` is one of them.
-    pub fn contains(&self, name: &[u8]) -> bool {
-        is_listed(name) || self.named_by_connection(name)
-    }
-
-    /// Whether `Connection` names the header `name` (for a header already known not to be
-    /// on the fixed list).
-    pub fn named_by_connection(&self, name: &[u8]) -> bool {
-        self.named.iter().any(|n| n.eq_ignore_ascii_case(name))
-    }
-}
-
-/// Whether `name` is on the fixed hop-by-hop list.
-fn is_listed(name: &[u8]) -> bool {
-    matches!(
-        Kind::of(name),
-        Kind::Connection | Kind::HopByHop | Kind::TransferEncoding
-    )
-}
-
-/// The items of comma-separated header values (RFC 9110 §5.6.1), trimmed.
-pub fn list_items<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iterator<Item = &'a [u8]> {
-    values
-        .flat_map(|v| v.split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,7 +354,7 @@ mod tests {
         );
         assert_eq!(head.value(Kind::Authorization), Some(&b"Bearer t"[..]));
         assert_eq!(head.framing(), Framing::Length(2));
-        assert!(head.keep_alive() && head.is_http11() && !head.expect_continue());
+        assert!(head.keep_alive() && head.version() == Version::Http11 && !head.expect_continue());
         let forwarded: Vec<_> = head.end_to_end().collect();
         assert_eq!(forwarded, [(&b"X-Custom"[..], &b"a"[..])]);
     }
@@ -564,21 +464,5 @@ mod tests {
         .expect("complete");
         let forwarded: Vec<_> = head.end_to_end().map(|(name, _)| name).collect();
         assert_eq!(forwarded, [&b"X-Kept"[..]]);
-    }
-
-    #[test]
-    fn every_identity_header_a_backend_reads_is_classified_as_identity() {
-        for name in seckill_auth::identity::IDENTITY_HEADERS {
-            assert_eq!(Kind::of(name.as_str().as_bytes()), Kind::Identity, "{name}");
-            assert_eq!(
-                Kind::of(name.as_str().to_uppercase().as_bytes()),
-                Kind::Identity
-            );
-        }
-        assert_eq!(Kind::of(b"X-Request-ID"), Kind::RequestId);
-        assert_eq!(
-            Kind::of(b"x-a-header-name-longer-than-the-buffer"),
-            Kind::Other
-        );
     }
 }

@@ -1,11 +1,12 @@
-//! The gateway's request path, written out as one function.
+//! The gateway's request path, written out as one function: [`Pipeline`], the
+//! application's [`Handler`] for the HTTP/1.1 server ([`crate::http1::server`]).
 //!
 //! Every request that is not an operator endpoint goes, in this order:
 //!
 //! 1. **in-flight bound** — past `max_in_flight`, an immediate 503 (`Retry-After: 1`), never a
 //!    queue;
 //! 2. **request id** — the caller's if short and plain, a new UUID otherwise; forwarded and
-//!    echoed on the answer, and in the request's log span;
+//!    echoed on the response, and in the request's log span;
 //! 3. **deadline** — the rest must finish within `request_timeout_ms` (504; 408 when it was
 //!    the client's body that was late), and a panic in it becomes a JSON 500 instead of a
 //!    dropped connection;
@@ -18,7 +19,7 @@
 //!    admin route;
 //! 7. **forward** to a replica ([`crate::proxy::forward`]), the body read only now.
 //!
-//! Every answer, shed ones included, is counted in `http_requests_total` and timed in
+//! Every response, shed ones included, is counted in `http_requests_total` and timed in
 //! `http_request_duration_seconds` under the owning service's name (`unmatched` when none).
 //! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) go to the shared axum router,
 //! exempt from the in-flight bound and the rate limits: probes and scrapers must get through
@@ -32,11 +33,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Body;
 use axum::http::StatusCode;
 use futures_util::FutureExt;
 use tokio::time::Sleep;
-use tower::ServiceExt;
 use tracing::Instrument;
 
 use seckill_http::layers::{is_usable_request_id, new_request_id_text};
@@ -44,12 +43,14 @@ use seckill_http::request_metrics::{self, method_label};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
-use crate::http1::{Answer, BodyState, HeadError, Incoming, Kind};
+use crate::http1::{BodyState, Handler, HeadError, Incoming, Kind, Response};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
+use crate::{ops, refusal};
 
-/// Everything a request needs on its way through the gateway.
-pub struct Door {
+/// Everything a request needs on its way through the gateway: the application's
+/// [`Handler`] for the HTTP/1.1 server.
+pub struct Pipeline {
     /// `/healthz`, `/readyz`, `/metrics`.
     pub ops: Router,
     /// Verifies bearer tokens.
@@ -66,26 +67,21 @@ pub struct Door {
     pub request_timeout: Duration,
 }
 
-impl std::fmt::Debug for Door {
+impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Door")
+        f.debug_struct("Pipeline")
             .field("in_flight", &self.in_flight)
             .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
 
-/// Operator endpoints, served by the ops router.
-fn is_ops(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz" | "/metrics")
-}
-
-impl Door {
-    /// Answers one request; `deadline` is the connection's request timer, set here.
-    pub async fn answer(&self, incoming: &mut Incoming<'_>, deadline: Pin<&mut Sleep>) -> Answer {
+impl Handler for Pipeline {
+    /// Responds to one request; `deadline` is the connection's request timer, set here.
+    async fn respond(&self, incoming: &mut Incoming<'_>, deadline: Pin<&mut Sleep>) -> Response {
         let head = incoming.head;
-        if is_ops(head.path()) {
-            return self.ops(incoming).await;
+        if ops::is_ops(head.path()) {
+            return ops::respond(&self.ops, incoming).await;
         }
         let started = Instant::now();
         let method = method_label(head.method());
@@ -93,9 +89,9 @@ impl Door {
         let label = route.map_or("unmatched", |r| r.service.name());
         let Some(slot) = self.in_flight.enter() else {
             metrics::counter!("gateway_shed_total").increment(1);
-            let answer = proxy::unavailable("overloaded, retry shortly").await;
-            record(label, method, answer.status, started);
-            return answer;
+            let response = refusal::unavailable("overloaded, retry shortly");
+            record(label, method, response.status, started);
+            return response;
         };
         let generated;
         let request_id = match head.value(Kind::RequestId) {
@@ -125,48 +121,60 @@ impl Door {
             outcome = admitted => Some(outcome),
             () = deadline => None,
         };
-        let mut answer = match outcome {
-            Some(Ok(answer)) => answer,
+        let mut response = match outcome {
+            Some(Ok(response)) => response,
             Some(Err(_panic)) => {
                 tracing::error!("request handler panicked");
-                Answer::error(
+                refusal::error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
                     "internal error",
                 )
-                .await
             }
-            None if incoming.body_state() == BodyState::Reading => {
-                Answer::error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    "the request body came too slowly",
-                )
-                .await
-            }
+            None if incoming.body_state() == BodyState::Reading => refusal::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body came too slowly",
+            ),
             None => {
                 metrics::counter!("gateway_timeouts_total").increment(1);
-                Answer::error(
+                refusal::error(
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
                     "the request took too long",
                 )
-                .await
             }
         };
         drop(slot);
-        answer.push_header(b"x-request-id", request_id);
-        record(label, method, answer.status, started);
-        answer
+        response.push_header(b"x-request-id", request_id);
+        record(label, method, response.status, started);
+        response
     }
 
+    /// The response to a head refused before a request was made of it (the connection
+    /// closes).
+    fn refuse_head(&self, refused: HeadError, peer: SocketAddr) -> Response {
+        let code = match refused.status {
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "headers_too_large",
+            StatusCode::NOT_IMPLEMENTED => "not_implemented",
+            StatusCode::EXPECTATION_FAILED => "expectation_failed",
+            _ => "invalid_request",
+        };
+        tracing::debug!(%peer, status = %refused.status, reason = refused.message, "request head refused");
+        let response = refusal::error(refused.status, code, refused.message);
+        record("unmatched", "other", response.status, Instant::now());
+        response
+    }
+}
+
+impl Pipeline {
     /// Steps 4 to 7: who, rate limit, route, forward.
     async fn admit(
         &self,
         incoming: &mut Incoming<'_>,
         route: Option<Route>,
         request_id: &[u8],
-    ) -> Answer {
+    ) -> Response {
         let head = incoming.head;
         let client = self
             .trusted_proxies
@@ -178,12 +186,12 @@ impl Door {
         };
         let purchase = is_purchase(head.method(), head.path());
         let verdict = self.rate_limits.check(purchase, key).await;
-        if let Some(refusal) = verdict.refusal().await {
+        if let Some(refusal) = verdict.refusal() {
             return refusal;
         }
-        let mut answer = self.route(incoming, route, caller, request_id).await;
-        verdict.annotate(&mut answer);
-        answer
+        let mut response = self.route(incoming, route, caller, request_id).await;
+        verdict.annotate(&mut response);
+        response
     }
 
     async fn route(
@@ -192,80 +200,26 @@ impl Door {
         route: Option<Route>,
         caller: Result<Arc<Caller>, &'static str>,
         request_id: &[u8],
-    ) -> Answer {
+    ) -> Response {
         if proxy::has_dot_segment(incoming.head.path()) {
-            return Answer::error(
+            return refusal::error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "paths with . or .. segments are refused",
-            )
-            .await;
+            );
         }
         let Some(route) = route else {
-            return Answer::error(StatusCode::NOT_FOUND, "not_found", "no such route").await;
+            return refusal::error(StatusCode::NOT_FOUND, "not_found", "no such route");
         };
         let caller = match caller {
             Ok(caller) => caller,
-            Err(reason) => return auth::unauthorized(reason).await,
+            Err(reason) => return auth::unauthorized(reason),
         };
         tracing::Span::current().record("user_id", caller.user_id);
         if route.admin_only && !caller.is_admin() {
-            return auth::forbidden().await;
+            return auth::forbidden();
         }
         proxy::forward(&self.proxy, route.service, &caller, incoming, request_id).await
-    }
-
-    /// An operator endpoint, through the ops router.
-    async fn ops(&self, incoming: &mut Incoming<'_>) -> Answer {
-        let head = incoming.head;
-        let mut request = axum::http::Request::builder()
-            .method(head.method().clone())
-            .uri(head.target());
-        for (name, value, _) in head.fields() {
-            request = request.header(name, value);
-        }
-        let body = match incoming.body().await {
-            Ok(body) => body,
-            Err(_) => {
-                return Answer::error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "unreadable body",
-                )
-                .await;
-            }
-        };
-        let request = request
-            .extension(axum::extract::ConnectInfo(incoming.peer))
-            .body(Body::from(body));
-        match request {
-            Ok(request) => match self.ops.clone().oneshot(request).await {
-                Ok(response) => Answer::from_response(response).await,
-                Err(never) => match never {},
-            },
-            Err(_) => {
-                Answer::error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "malformed request",
-                )
-                .await
-            }
-        }
-    }
-
-    /// The answer to a head refused before it reached the door (the connection closes).
-    pub async fn refuse_head(&self, refused: HeadError, peer: SocketAddr) -> Answer {
-        let code = match refused.status {
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "headers_too_large",
-            StatusCode::NOT_IMPLEMENTED => "not_implemented",
-            StatusCode::EXPECTATION_FAILED => "expectation_failed",
-            _ => "invalid_request",
-        };
-        tracing::debug!(%peer, status = %refused.status, reason = refused.message, "request head refused");
-        let answer = Answer::error(refused.status, code, refused.message).await;
-        record("unmatched", "other", answer.status, Instant::now());
-        answer
     }
 }
 
@@ -303,7 +257,7 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Counts and times one answer.
+/// Counts and times one response.
 fn record(route: &'static str, method: &'static str, status: StatusCode, started: Instant) {
     request_metrics::record("gateway", route, method, status, started.elapsed());
 }

@@ -1,0 +1,133 @@
+//! The operator endpoints (`/healthz`, `/readyz`, `/metrics`): served by the shared axum
+//! router, their requests and responses carried across to and from the gateway's own
+//! HTTP/1.1 types here, the one place the request path meets axum.
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::StatusCode;
+use bytes::Bytes;
+use tower::ServiceExt;
+
+use crate::http1::{Incoming, Response, with_date};
+use crate::refusal;
+
+/// Largest body of an operator endpoint's response (metrics).
+const MAX_LOCAL_BODY: usize = 16 * 1024 * 1024;
+
+/// Whether `path` is an operator endpoint, served by the ops router.
+pub fn is_ops(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
+}
+
+/// An operator endpoint's response, through `router`.
+pub async fn respond(router: &Router, incoming: &mut Incoming<'_>) -> Response {
+    let head = incoming.head;
+    let mut request = axum::http::Request::builder()
+        .method(head.method().clone())
+        .uri(head.target());
+    for (name, value, _) in head.fields() {
+        request = request.header(name, value);
+    }
+    let body = match incoming.body().await {
+        Ok(body) => body,
+        Err(_) => {
+            return refusal::error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "unreadable body",
+            );
+        }
+    };
+    let request = request
+        .extension(axum::extract::ConnectInfo(incoming.peer))
+        .body(Body::from(body));
+    match request {
+        Ok(request) => match router.clone().oneshot(request).await {
+            Ok(response) => from_axum(response).await,
+            Err(never) => match never {},
+        },
+        Err(_) => refusal::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "malformed request",
+        ),
+    }
+}
+
+/// An axum response as the gateway's own, with a `Date`; its framing headers are left to
+/// the connection.
+pub async fn from_axum(response: axum::response::Response) -> Response {
+    let (parts, body) = response.into_parts();
+    let mut converted = Response::new(parts.status);
+    for (name, value) in &parts.headers {
+        let framing = name == axum::http::header::CONTENT_LENGTH
+            || name == axum::http::header::TRANSFER_ENCODING
+            || name == axum::http::header::CONNECTION;
+        if !framing {
+            converted.push_header(name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    if !parts.headers.contains_key(axum::http::header::DATE) {
+        with_date(|date| converted.push_header(b"date", date));
+    }
+    converted.body = match axum::body::to_bytes(body, MAX_LOCAL_BODY).await {
+        Ok(body) => body,
+        Err(e) => {
+            tracing::error!(error = %e, "could not read the gateway's own response");
+            converted.status = StatusCode::INTERNAL_SERVER_ERROR;
+            Bytes::new()
+        }
+    };
+    converted
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_gateways_own_responses_keep_their_headers_and_get_a_date() {
+        let mut response = seckill_http::error_response(StatusCode::NOT_FOUND, "not_found", "no");
+        response
+            .headers_mut()
+            .insert("x-b", HeaderValue::from_static("2"));
+        let error = refusal::error(StatusCode::NOT_FOUND, "not_found", "no");
+        let answer = from_axum(response).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND);
+        assert_eq!(answer.header("X-B"), Some(&b"2"[..]));
+        assert_eq!(
+            answer.header("content-type"),
+            Some(&b"application/json"[..])
+        );
+        let date = answer.header("date").expect("a date");
+        assert!(httpdate::parse_http_date(std::str::from_utf8(date).expect("text")).is_ok());
+        assert!(
+            answer.header("content-length").is_none(),
+            "framing is the connection's"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        assert_eq!(body["code"], "not_found");
+        assert_eq!((error.status, &error.body), (answer.status, &answer.body));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_has_the_headers_axum_would_give_it() {
+        let refusal = refusal::error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "slow \"down\"",
+        );
+        let axum = from_axum(seckill_http::error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "slow \"down\"",
+        ))
+        .await;
+        let names = |r: &Response| r.lines().map(|(n, _)| n.to_vec()).collect::<Vec<_>>();
+        assert_eq!(names(&refusal), names(&axum));
+        assert_eq!(refusal.header("content-type"), axum.header("content-type"));
+        assert_eq!((refusal.status, &refusal.body), (axum.status, &axum.body));
+    }
+}
