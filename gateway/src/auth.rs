@@ -13,7 +13,6 @@ use anyhow::Context;
 use axum::http::StatusCode;
 
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
-use seckill_config::split_list;
 use thread_local::ThreadLocal;
 
 use crate::Settings;
@@ -44,8 +43,8 @@ impl Caller {
 /// The verifier the settings describe: algorithm, key (read from the file if named), rules.
 pub fn verifier(settings: &Settings) -> anyhow::Result<JwtVerifier> {
     let rules = ClaimRules {
-        issuers: split_list(&settings.jwt_issuer),
-        audiences: split_list(&settings.jwt_audience),
+        issuers: settings.jwt_issuers.clone(),
+        audiences: settings.jwt_audiences.clone(),
         leeway_secs: settings.jwt_leeway_secs,
     };
     let key: Vec<u8> = match settings.jwt_algorithm {

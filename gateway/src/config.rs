@@ -1,12 +1,13 @@
 //! Gateway settings: `SECKILL_*` shared with the other services, `SECKILL_GATEWAY_*` its own.
 
 use std::num::NonZeroUsize;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use seckill_auth::JwtAlgorithm;
 use seckill_config::{
-    DEV_INTERNAL_KEY, DEV_JWT_SECRET, Secret, Validate, split_list, validate_namespace,
+    DEV_INTERNAL_KEY, DEV_JWT_SECRET, LogFormat, Secret, Validate, validate_namespace,
 };
 
 use crate::client_ip::TrustedProxies;
@@ -41,10 +42,12 @@ pub struct Settings {
     pub jwt_public_key_pem: String,
     /// RS256/EdDSA: a file holding that PEM, when not given inline.
     pub jwt_public_key_file: String,
-    /// Accepted `iss` values, comma-separated; empty: not checked.
-    pub jwt_issuer: String,
-    /// Accepted `aud` values, comma-separated; empty: not checked.
-    pub jwt_audience: String,
+    /// Accepted `iss` values (`jwt_issuer`, comma-separated); empty: not checked.
+    #[serde(rename = "jwt_issuer", with = "seckill_config::formats::list")]
+    pub jwt_issuers: Vec<String>,
+    /// Accepted `aud` values (`jwt_audience`, comma-separated); empty: not checked.
+    #[serde(rename = "jwt_audience", with = "seckill_config::formats::list")]
+    pub jwt_audiences: Vec<String>,
     /// Clock skew tolerated on `exp`/`nbf`/`iat`, seconds.
     pub jwt_leeway_secs: u64,
     /// Verified tokens remembered per worker thread until they expire, so a client's next
@@ -53,35 +56,64 @@ pub struct Settings {
     /// Key of the identity signature the gateway adds for backends.
     pub internal_key: Secret,
     /// seckill-api replicas, comma-separated base URLs; requests go round-robin.
-    pub seckill_api_urls: String,
+    #[serde(with = "seckill_config::formats::list")]
+    pub seckill_api_urls: Vec<String>,
     /// order-service replicas, comma-separated base URLs.
-    pub order_service_urls: String,
-    /// How long a replica that refused a connection is skipped, milliseconds (0: never).
-    pub upstream_eject_ms: u64,
-    /// Deadline to open a connection to a replica, milliseconds; beyond it the next is tried.
-    pub upstream_connect_timeout_ms: u64,
-    /// Deadline for a replica's whole response, milliseconds (504 beyond it, no retry).
-    pub upstream_request_timeout_ms: u64,
-    /// An idle kept-alive connection to a replica is closed after this, milliseconds; set it
-    /// below the replicas' own keep-alive timeout, so the gateway, not the replica, closes
-    /// (0: connections are not reused).
-    pub upstream_idle_timeout_ms: u64,
+    #[serde(with = "seckill_config::formats::list")]
+    pub order_service_urls: Vec<String>,
+    /// How long a replica that refused a connection is skipped (`upstream_eject_ms`; 0: never).
+    #[serde(rename = "upstream_eject_ms", with = "seckill_config::formats::millis")]
+    pub upstream_eject: Duration,
+    /// Deadline to open a connection to a replica (`upstream_connect_timeout_ms`); beyond it
+    /// the next is tried.
+    #[serde(
+        rename = "upstream_connect_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub upstream_connect_timeout: Duration,
+    /// Deadline for a replica's whole response (`upstream_request_timeout_ms`; 504 beyond
+    /// it, no retry).
+    #[serde(
+        rename = "upstream_request_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub upstream_request_timeout: Duration,
+    /// An idle kept-alive connection to a replica is closed after this
+    /// (`upstream_idle_timeout_ms`); set it below the replicas' own keep-alive timeout, so
+    /// the gateway, not the replica, closes (0: connections are not reused).
+    #[serde(
+        rename = "upstream_idle_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub upstream_idle_timeout: Duration,
     /// Requests in flight at once; beyond it the gateway sheds load with a fast 503.
     pub max_in_flight: usize,
-    /// Whole-request deadline, milliseconds (504 beyond it).
-    pub request_timeout_ms: u64,
+    /// Whole-request deadline (`request_timeout_ms`; 504 beyond it).
+    #[serde(
+        rename = "request_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub request_timeout: Duration,
     /// Largest request body accepted, bytes (413 beyond it).
     pub max_body_bytes: usize,
     /// Largest request line plus headers, bytes (431 beyond it).
     pub max_header_bytes: usize,
     /// Most request headers accepted (431 beyond it); at most 256.
     pub max_headers: usize,
-    /// From the first byte of a request head to its end, milliseconds; a client that takes
-    /// longer is disconnected.
-    pub client_header_timeout_ms: u64,
+    /// From the first byte of a request head to its end (`client_header_timeout_ms`); a
+    /// client that takes longer is disconnected.
+    #[serde(
+        rename = "client_header_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub client_header_timeout: Duration,
     /// How long a client connection may stay idle between requests (or leave a response
-    /// unread), milliseconds.
-    pub client_idle_timeout_ms: u64,
+    /// unread) (`client_idle_timeout_ms`).
+    #[serde(
+        rename = "client_idle_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub client_idle_timeout: Duration,
     /// Master switch of the per-user/per-IP rate limits.
     pub rate_limit_enabled: bool,
     /// `POST /api/seckill/{id}`: requests per second per user (per IP unauthenticated); 0: off.
@@ -96,8 +128,13 @@ pub struct Settings {
     pub trusted_proxies: String,
     /// Where rate-limit buckets live: `memory` (per replica) or `redis` (shared by replicas).
     pub rate_limit_backend: RateLimitBackend,
-    /// With `redis`: how long a request waits for its check before it is let through.
-    pub rate_limit_redis_timeout_ms: u64,
+    /// With `redis`: how long a request waits for its check before it is let through
+    /// (`rate_limit_redis_timeout_ms`).
+    #[serde(
+        rename = "rate_limit_redis_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub rate_limit_redis_timeout: Duration,
     /// Redis of the `redis` backend: one URL, or with `redis_cluster` the seed URLs.
     pub redis_url: Secret,
     /// Whether `redis_url` names a Redis Cluster.
@@ -105,7 +142,7 @@ pub struct Settings {
     /// Prefix of the gateway's Redis keys (shared with the backends: `SECKILL_NAMESPACE`).
     pub namespace: String,
     /// `json` or `pretty`.
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
 }
@@ -120,27 +157,27 @@ impl Default for Settings {
             jwt_secret: DEV_JWT_SECRET.into(),
             jwt_public_key_pem: String::new(),
             jwt_public_key_file: String::new(),
-            jwt_issuer: String::new(),
-            jwt_audience: String::new(),
+            jwt_issuers: Vec::new(),
+            jwt_audiences: Vec::new(),
             jwt_leeway_secs: 5,
             jwt_cache_entries: 10_000,
             internal_key: DEV_INTERNAL_KEY.into(),
-            seckill_api_urls: "http://127.0.0.1:8081".into(),
-            order_service_urls: "http://127.0.0.1:8082".into(),
-            upstream_eject_ms: 5_000,
-            upstream_connect_timeout_ms: 2_000,
-            upstream_idle_timeout_ms: 60_000,
-            upstream_request_timeout_ms: 8_000,
+            seckill_api_urls: vec!["http://127.0.0.1:8081".into()],
+            order_service_urls: vec!["http://127.0.0.1:8082".into()],
+            upstream_eject: Duration::from_secs(5),
+            upstream_connect_timeout: Duration::from_secs(2),
+            upstream_idle_timeout: Duration::from_secs(60),
+            upstream_request_timeout: Duration::from_secs(8),
             max_in_flight: 4096,
-            request_timeout_ms: 10_000,
+            request_timeout: Duration::from_secs(10),
             max_body_bytes: 64 * 1024,
             // Above the 20 kB request ids a hostile client may send (they are replaced, not
             // refused); the read buffer of a connection grows at most to this while a head
             // arrives.
             max_header_bytes: 32 * 1024,
             max_headers: 100,
-            client_header_timeout_ms: 30_000,
-            client_idle_timeout_ms: 60_000,
+            client_header_timeout: Duration::from_secs(30),
+            client_idle_timeout: Duration::from_secs(60),
             rate_limit_enabled: true,
             // High enough that the load test (one purchase per user) and wrk's repeat
             // purchases are never throttled; they stop a single client's flood.
@@ -150,27 +187,17 @@ impl Default for Settings {
             rate_default_burst: 200,
             trusted_proxies: String::new(),
             rate_limit_backend: RateLimitBackend::Memory,
-            rate_limit_redis_timeout_ms: 100,
+            rate_limit_redis_timeout: Duration::from_millis(100),
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_cluster: false,
             namespace: "seckill".into(),
-            log_format: "json".into(),
+            log_format: LogFormat::Json,
             log_filter: "info".into(),
         }
     }
 }
 
 impl Settings {
-    /// The seckill-api upstream base URLs.
-    pub fn seckill_api_upstreams(&self) -> Vec<String> {
-        split_list(&self.seckill_api_urls)
-    }
-
-    /// The order-service upstream base URLs.
-    pub fn order_service_upstreams(&self) -> Vec<String> {
-        split_list(&self.order_service_urls)
-    }
-
     /// How many threads serve connections: `workers`, or one per available core.
     pub fn worker_threads(&self) -> NonZeroUsize {
         NonZeroUsize::new(self.workers)
@@ -210,24 +237,20 @@ const MAX_RATE_PER_SEC: u32 = 1_000_000;
 impl Validate for Settings {
     fn validate(&self) -> Result<(), String> {
         self.validate_jwt()?;
-        for url in self
-            .seckill_api_upstreams()
-            .iter()
-            .chain(&self.order_service_upstreams())
-        {
+        for url in self.seckill_api_urls.iter().chain(&self.order_service_urls) {
             if crate::proxy::upstream::base_authority(url).is_none() {
                 return Err(format!(
                     "upstream {url:?} must be an http://host[:port] URL"
                 ));
             }
         }
-        if self.seckill_api_upstreams().is_empty() || self.order_service_upstreams().is_empty() {
+        if self.seckill_api_urls.is_empty() || self.order_service_urls.is_empty() {
             return Err("at least one upstream per route is required".into());
         }
-        if self.max_in_flight == 0 || self.request_timeout_ms == 0 {
+        if self.max_in_flight == 0 || self.request_timeout.is_zero() {
             return Err("max_in_flight and request_timeout_ms must be positive".into());
         }
-        if self.upstream_connect_timeout_ms == 0 || self.upstream_request_timeout_ms == 0 {
+        if self.upstream_connect_timeout.is_zero() || self.upstream_request_timeout.is_zero() {
             return Err("upstream timeouts must be positive".into());
         }
         // Below these even an ordinary browser request would be refused.
@@ -237,7 +260,7 @@ impl Validate for Settings {
         if self.max_headers > MAX_HEADERS_CAP {
             return Err(format!("max_headers must be at most {MAX_HEADERS_CAP}"));
         }
-        if self.client_header_timeout_ms == 0 || self.client_idle_timeout_ms == 0 {
+        if self.client_header_timeout.is_zero() || self.client_idle_timeout.is_zero() {
             return Err(
                 "client_header_timeout_ms and client_idle_timeout_ms must be positive".into(),
             );
@@ -253,7 +276,7 @@ impl Validate for Settings {
         }
         if self.rate_limit_backend == RateLimitBackend::Redis {
             validate_namespace(&self.namespace)?;
-            if self.rate_limit_redis_timeout_ms == 0 {
+            if self.rate_limit_redis_timeout.is_zero() {
                 return Err("rate_limit_redis_timeout_ms must be positive".into());
             }
         }
@@ -306,7 +329,7 @@ mod tests {
                 ..Settings::default()
             },
             Settings {
-                client_idle_timeout_ms: 0,
+                client_idle_timeout: Duration::ZERO,
                 ..Settings::default()
             },
         ] {

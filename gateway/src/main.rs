@@ -10,7 +10,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("gateway")?;
-    seckill_telemetry::init_tracing("gateway", &settings.log_filter, &settings.log_format);
+    seckill_telemetry::init_tracing("gateway", &settings.log_filter, settings.log_format);
     let dev_jwt_secret = settings.jwt_algorithm == seckill_auth::JwtAlgorithm::HS256
         && settings.jwt_secret.expose() == seckill_config::DEV_JWT_SECRET;
     if dev_jwt_secret || settings.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {

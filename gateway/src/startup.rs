@@ -1,7 +1,6 @@
 //! Building and running the gateway.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -33,27 +32,27 @@ impl Application {
     /// Builds the proxy state and binds the port. Upstreams need not be up yet.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let pool = PoolSettings {
-            connect_timeout: Duration::from_millis(settings.upstream_connect_timeout_ms),
-            idle_timeout: Duration::from_millis(settings.upstream_idle_timeout_ms),
+            connect_timeout: settings.upstream_connect_timeout,
+            idle_timeout: settings.upstream_idle_timeout,
             ..PoolSettings::default()
         };
         let trusted_proxies = Arc::new(settings.trusted_proxy_list().map_err(anyhow::Error::msg)?);
-        let eject_for = Duration::from_millis(settings.upstream_eject_ms);
+        let eject_for = settings.upstream_eject;
         let state = ProxyState {
             signer: IdentitySigner::new(settings.internal_key.expose(), 30_000),
             seckill_api: Arc::new(Upstreams::new(
                 "seckill-api",
-                settings.seckill_api_upstreams(),
+                settings.seckill_api_urls.clone(),
                 eject_for,
                 pool,
             )),
             order_service: Arc::new(Upstreams::new(
                 "order-service",
-                settings.order_service_upstreams(),
+                settings.order_service_urls.clone(),
                 eject_for,
                 pool,
             )),
-            upstream_timeout: Duration::from_millis(settings.upstream_request_timeout_ms),
+            upstream_timeout: settings.upstream_request_timeout,
             trusted_proxies: trusted_proxies.clone(),
         };
         let probes = readiness_probes(&state);
@@ -67,7 +66,7 @@ impl Application {
             rate_limits,
             proxy: state,
             in_flight: InFlight::new(settings.max_in_flight),
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            request_timeout: settings.request_timeout,
         });
 
         let listener = TcpListener::bind((settings.host.as_str(), settings.port))
@@ -86,8 +85,8 @@ impl Application {
                     max_header_bytes: settings.max_header_bytes,
                     max_headers: settings.max_headers,
                 },
-                header_timeout: Duration::from_millis(settings.client_header_timeout_ms),
-                idle_timeout: Duration::from_millis(settings.client_idle_timeout_ms),
+                header_timeout: settings.client_header_timeout,
+                idle_timeout: settings.client_idle_timeout,
                 max_body_bytes: settings.max_body_bytes,
             },
             workers: settings.worker_threads(),

@@ -16,7 +16,7 @@ async fn main() -> anyhow::Result<()> {
     seckill_telemetry::init_tracing(
         "order-service",
         &settings.backend.log_filter,
-        &settings.backend.log_format,
+        settings.backend.log_format,
     );
     if settings.backend.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
         tracing::warn!("running with the development internal key; set SECKILL_INTERNAL_KEY");

@@ -83,8 +83,8 @@ pub struct BackendSettings {
     pub identity_max_age_ms: i64,
     /// How long start-up waits for Postgres/RabbitMQ before giving up.
     pub startup_patience_secs: u64,
-    /// `json` or `pretty`.
-    pub log_format: String,
+    /// `json` (one object per line) or `pretty`.
+    pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
 }
@@ -102,7 +102,7 @@ impl Default for BackendSettings {
             internal_key: DEV_INTERNAL_KEY.into(),
             identity_max_age_ms: 30_000,
             startup_patience_secs: 60,
-            log_format: "json".into(),
+            log_format: LogFormat::Json,
             log_filter: "info".into(),
         }
     }
@@ -123,6 +123,17 @@ pub enum AmqpQueueType {
     Quorum,
     /// The queues as versions before quorum declared them (no `x-queue-type`).
     Classic,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line, for collectors.
+    #[default]
+    Json,
+    /// Human-readable lines, for a terminal.
+    Pretty,
 }
 
 /// A string that must not appear in logs: printed as `[redacted]`.
@@ -217,7 +228,11 @@ mod tests {
             .expect("extract");
         assert_eq!(settings.backend.namespace, "t_x");
         assert_eq!(settings.backend.identity_max_age_ms, 5);
-        assert_eq!(settings.backend.log_format, "json", "defaults survive");
+        assert_eq!(
+            settings.backend.log_format,
+            LogFormat::Json,
+            "defaults survive"
+        );
         assert_eq!(settings.port, 9);
     }
 

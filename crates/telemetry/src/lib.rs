@@ -6,19 +6,21 @@
 
 use std::sync::OnceLock;
 
+pub use seckill_config::LogFormat;
+
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
 /// Installs the global tracing subscriber. `filter` is an `EnvFilter` directive used when
-/// `RUST_LOG` is unset; `format` is `json` or `pretty`. Safe to call more than once (tests):
+/// `RUST_LOG` is unset. Safe to call more than once (tests):
 /// later calls do nothing.
-pub fn init_tracing(service: &str, filter: &str, format: &str) {
+pub fn init_tracing(service: &str, filter: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(FmtSpan::NONE);
-    let result = if format == "pretty" {
+    let result = if format == LogFormat::Pretty {
         builder.try_init()
     } else {
         builder
@@ -36,7 +38,7 @@ pub fn init_tracing(service: &str, filter: &str, format: &str) {
 /// Installs tracing for tests only when `TEST_LOG` is set, so test output stays readable.
 pub fn init_test_tracing() {
     if std::env::var_os("TEST_LOG").is_some() {
-        init_tracing("test", "info,sqlx=warn", "pretty");
+        init_tracing("test", "info,sqlx=warn", LogFormat::Pretty);
     }
 }
 

@@ -87,7 +87,7 @@ impl RedisQuotas {
             connecting: AtomicBool::new(true),
             script: Script::new(include_str!("gcra.lua")),
             prefix: format!("{}:ratelimit", settings.namespace),
-            timeout: Duration::from_millis(settings.rate_limit_redis_timeout_ms),
+            timeout: settings.rate_limit_redis_timeout,
         });
         match tokio::time::timeout(CONNECT_TIMEOUT, quotas.link.connect()).await {
             Ok(Ok(conn)) => {

@@ -86,8 +86,8 @@ pub fn settings(upstream: &str) -> gateway::Settings {
         port: 0,
         jwt_secret: Secret::new(JWT_SECRET),
         internal_key: Secret::new(INTERNAL_KEY),
-        seckill_api_urls: upstream.into(),
-        order_service_urls: upstream.into(),
+        seckill_api_urls: vec![upstream.into()],
+        order_service_urls: vec![upstream.into()],
         ..gateway::Settings::default()
     }
 }

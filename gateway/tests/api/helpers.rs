@@ -69,8 +69,8 @@ pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Sett
         port: 0,
         jwt_secret: Secret::new(JWT_SECRET),
         internal_key: Secret::new(INTERNAL_KEY),
-        seckill_api_urls: seckill_api.clone(),
-        order_service_urls: order_service.clone(),
+        seckill_api_urls: vec![seckill_api.clone()],
+        order_service_urls: vec![order_service.clone()],
         ..gateway::Settings::default()
     })
     .await

@@ -16,7 +16,8 @@ fn get(path: &str) -> String {
 
 #[tokio::test]
 async fn a_client_that_trickles_its_head_is_cut_off_after_the_header_timeout() {
-    let (gateway, replica) = gateway_with(|s| s.client_header_timeout_ms = 300).await;
+    let (gateway, replica) =
+        gateway_with(|s| s.client_header_timeout = Duration::from_millis(300)).await;
     let mut client = RawClient::connect(&gateway).await;
     client
         .send("GET /api/products/1 HTTP/1.1\r\nhost: x\r\n")
@@ -31,7 +32,8 @@ async fn a_client_that_trickles_its_head_is_cut_off_after_the_header_timeout() {
 
 #[tokio::test]
 async fn an_idle_connection_is_closed_after_the_idle_timeout_and_not_before_its_answer() {
-    let (gateway, replica) = gateway_with(|s| s.client_idle_timeout_ms = 300).await;
+    let (gateway, replica) =
+        gateway_with(|s| s.client_idle_timeout = Duration::from_millis(300)).await;
     let mut client = RawClient::connect(&gateway).await;
     client.send(get("/api/products/1")).await;
     let answer = client.answer().await;
@@ -47,7 +49,7 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout_and_not_before_its_
 
 #[tokio::test]
 async fn a_body_that_comes_too_slowly_gets_408_and_the_connection_ends() {
-    let (gateway, replica) = gateway_with(|s| s.request_timeout_ms = 300).await;
+    let (gateway, replica) = gateway_with(|s| s.request_timeout = Duration::from_millis(300)).await;
     let mut client = RawClient::connect(&gateway).await;
     client
         .send(format!(

@@ -94,7 +94,7 @@ async fn beyond_max_in_flight_requests_are_shed_at_once_with_503() {
 async fn a_request_past_its_deadline_gets_504() {
     let echo = spawn_echo().await;
     let gateway = spawn_gateway(gateway::Settings {
-        request_timeout_ms: 200,
+        request_timeout: Duration::from_millis(200),
         ..settings(&echo.url)
     })
     .await;

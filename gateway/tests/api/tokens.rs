@@ -60,8 +60,8 @@ async fn rs256_gateway(echo: &Echo) -> Gateway {
             "/tests/fixtures/rs256_public.pem"
         )
         .into(),
-        jwt_issuer: ISSUER.into(),
-        jwt_audience: AUDIENCE.into(),
+        jwt_issuers: vec![ISSUER.into()],
+        jwt_audiences: vec![AUDIENCE.into()],
         ..settings(&echo.url)
     })
     .await
@@ -321,7 +321,7 @@ async fn an_eddsa_gateway_takes_only_tokens_from_its_ed25519_key() {
 async fn an_hs256_gateway_with_an_issuer_refuses_tokens_without_it() {
     let echo = spawn_echo().await;
     let gateway = spawn_gateway(gateway::Settings {
-        jwt_issuer: ISSUER.into(),
+        jwt_issuers: vec![ISSUER.into()],
         jwt_leeway_secs: 0,
         ..settings(&echo.url)
     })

@@ -1,6 +1,8 @@
 //! The reverse proxy's behaviour towards replicas: failover and ejection, timeouts, the
 //! headers a backend receives.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::echo::{closed_port_url, seen_headers, settings, spawn_echo, spawn_gateway};
@@ -11,8 +13,8 @@ async fn a_replica_that_refuses_connections_is_ejected_and_every_request_succeed
     let echo = spawn_echo().await;
     let dead = closed_port_url().await;
     let gateway = spawn_gateway(gateway::Settings {
-        seckill_api_urls: format!("{dead},{}", echo.url),
-        upstream_eject_ms: 60_000,
+        seckill_api_urls: vec![dead.clone(), echo.url.clone()],
+        upstream_eject: Duration::from_secs(60),
         ..settings(&echo.url)
     })
     .await;
@@ -42,7 +44,7 @@ async fn with_every_replica_down_the_answer_is_a_json_503_with_retry_after() {
     let echo = spawn_echo().await;
     let dead = closed_port_url().await;
     let gateway = spawn_gateway(gateway::Settings {
-        order_service_urls: dead,
+        order_service_urls: vec![dead],
         ..settings(&echo.url)
     })
     .await;
@@ -62,7 +64,7 @@ async fn with_every_replica_down_the_answer_is_a_json_503_with_retry_after() {
 async fn a_replica_slower_than_the_upstream_timeout_gets_a_json_504() {
     let echo = spawn_echo().await;
     let gateway = spawn_gateway(gateway::Settings {
-        upstream_request_timeout_ms: 200,
+        upstream_request_timeout: Duration::from_millis(200),
         ..settings(&echo.url)
     })
     .await;
