@@ -19,6 +19,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+use seckill_messaging::{Health, Supervised, Supervisor};
 use seckill_store::ledger::{self, GiveUp};
 use seckill_store::{Redis, RedisKeys};
 
@@ -154,43 +155,38 @@ struct Due {
     order_id: Option<i64>,
 }
 
-impl Compensator {
-    /// Runs until `cancel`: sweep expired orders, relay due compensations, sleep when idle.
-    pub async fn run(self, cancel: CancellationToken) {
-        let mut failures = 0u32;
-        while !cancel.is_cancelled() {
-            // Two independent jobs: a sweep that keeps failing must not hold back units
-            // waiting to go back on sale, nor the other way round.
-            let expired = expire_unpaid(&self.db, self.batch)
-                .await
-                .map_err(|e| anyhow::Error::from(e).context("payment-window sweep"));
-            let relayed = self.relay_due().await.map_err(|e| e.context("relay"));
-            let mut worked = 0;
-            let mut failed = false;
-            for outcome in [expired, relayed] {
-                match outcome {
-                    Ok(n) => worked += n,
-                    Err(e) => {
-                        failed = true;
-                        tracing::warn!(error = format!("{e:#}"), "compensation round failed");
-                    }
-                }
-            }
+impl Supervised for Compensator {
+    /// Rounds until `cancel` or a round in which nothing but failures happened: at once
+    /// after a round that did some work, after a poll when there was none.
+    async fn cycle(
+        &mut self,
+        health: &mut Health,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        loop {
+            let worked = self.round().await?;
+            health.healthy();
             let pause = if worked > 0 {
-                failures = 0;
                 Duration::ZERO
-            } else if failed {
-                failures += 1;
-                (self.poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30))
             } else {
-                failures = 0;
                 self.poll
             };
             tokio::select! {
-                _ = cancel.cancelled() => break,
+                _ = cancel.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+    }
+}
+
+impl Compensator {
+    /// Runs until `cancel`: sweep expired orders, relay due compensations, sleep when idle;
+    /// after a round in which both failed, back off from one poll up to 15 s (plus jitter).
+    pub async fn run(mut self, cancel: CancellationToken) {
+        Supervisor::new("compensation relay")
+            .with_backoff(self.poll, Duration::from_secs(15))
+            .run(&mut self, &cancel)
+            .await;
     }
 
     /// Relays the due compensations it can claim; returns how many it finished.
@@ -241,6 +237,26 @@ impl Compensator {
         }
         tx.commit().await?;
         Ok(done)
+    }
+
+    /// One round of both jobs; the number of rows they finished, or why neither did.
+    async fn round(&self) -> anyhow::Result<usize> {
+        // Two independent jobs: a sweep that keeps failing must not hold back units
+        // waiting to go back on sale, nor the other way round.
+        let expired = expire_unpaid(&self.db, self.batch)
+            .await
+            .map_err(|e| anyhow::Error::from(e).context("payment-window sweep"));
+        let relayed = self.relay_due().await.map_err(|e| e.context("relay"));
+        match (expired, relayed) {
+            (Ok(expired), Ok(relayed)) => Ok(expired + relayed),
+            (Err(e), Err(also)) => Err(e.context(format!("{also:#}"))),
+            (Ok(worked), Err(e)) | (Err(e), Ok(worked)) if worked == 0 => Err(e),
+            (Ok(worked), Err(e)) | (Err(e), Ok(worked)) => {
+                // The other job is making progress: no backoff, but say what failed.
+                tracing::warn!(error = format!("{e:#}"), "compensation round failed");
+                Ok(worked)
+            }
+        }
     }
 
     /// The Redis side of one compensation (see `seckill_store::ledger`); its outcome.

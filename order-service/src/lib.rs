@@ -11,13 +11,15 @@
 //! - [`cli`] — the command line: run the service, or an operator command on the breaker or
 //!   the parking lot.
 //! - [`orders`] — the idempotent write and order queries.
-//! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes).
+//! - [`consumer`] — the RabbitMQ consumer (manual ack, prefetch, concurrent writes): its
+//!   loop, its batches, and what becomes of each delivery, in a module each.
 //! - [`http`] — the shared state and every route: the buyer's orders (`GET /api/orders`,
 //!   `GET /api/orders/{id}`, `POST …/pay`, `POST …/cancel`) and the operator's parking lot
 //!   and breaker (`/admin/…`); [`error`] — the one error type they answer with.
 //! - [`breaker`] — the circuit breaker around the database; [`retry`] — tiers and budget.
-//! - [`recorder`] — drains the dead-letter queue into the parking lot ([`parking`]), which
-//!   the admin routes and the CLI list, redrive, ignore and clear.
+//! - [`recorder`] — drains the dead-letter queue into the parking lot ([`parking`]: entries,
+//!   selections, SQL, redrive publishing and its pace), which the admin routes and the CLI
+//!   list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
 
 pub mod ack_window;

@@ -13,7 +13,7 @@ use lapin::types::FieldTable;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::Topology;
+use seckill_messaging::{Health, Supervised, Supervisor, Topology};
 
 use crate::parking::{self, Arrival};
 
@@ -34,28 +34,13 @@ pub struct Recorder {
 
 impl Recorder {
     /// Runs until `cancel`, reconnecting with backoff.
-    pub async fn run(self, cancel: CancellationToken) {
-        let mut backoff = Duration::from_millis(200);
-        while !cancel.is_cancelled() {
-            match self.consume(&cancel).await {
-                Ok(()) => break,
-                Err(e) => {
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        ?backoff,
-                        "dead-letter recorder interrupted"
-                    );
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+    pub async fn run(mut self, cancel: CancellationToken) {
+        Supervisor::new("dead-letter recorder")
+            .run(&mut self, &cancel)
+            .await;
     }
 
-    async fn consume(&self, cancel: &CancellationToken) -> anyhow::Result<()> {
+    async fn consume(&self, health: &mut Health, cancel: &CancellationToken) -> anyhow::Result<()> {
         let connection =
             seckill_messaging::connect(&self.amqp_url, "order-service-dlq", Duration::ZERO).await?;
         let channel = connection.create_channel().await?;
@@ -76,6 +61,7 @@ impl Recorder {
             )
             .await
             .context("consume the dead-letter queue")?;
+        health.healthy();
         let ended = loop {
             let delivery = tokio::select! {
                 _ = cancel.cancelled() => break Ok(()),
@@ -115,5 +101,16 @@ impl Recorder {
         };
         let _ = connection.close(200, "order-service stopping".into()).await;
         ended
+    }
+}
+
+impl Supervised for Recorder {
+    /// Connects and records dead letters until `cancel` or until the broker goes away.
+    async fn cycle(
+        &mut self,
+        health: &mut Health,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        self.consume(health, cancel).await
     }
 }

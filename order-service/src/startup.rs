@@ -19,7 +19,7 @@ use crate::breaker::CircuitBreaker;
 use crate::compensation::Compensator;
 use crate::consumer::OrderConsumer;
 use crate::http::{self, AppState};
-use crate::parking::{Redriver, TokenBucket};
+use crate::parking::Redriver;
 use crate::recorder::Recorder;
 use crate::retry::{RetryBudget, RetryPolicy};
 
@@ -174,14 +174,12 @@ fn topology(settings: &Settings) -> Topology {
 
 /// The redrive publisher and its pace, from the settings (shared by the admin API and the CLI).
 pub fn redriver(settings: &Settings) -> Redriver {
-    Redriver {
-        amqp_url: settings.backend.amqp_url.expose().to_string(),
-        topology: topology(settings),
-        pace: tokio::sync::Mutex::new(TokenBucket::new(
-            settings.redrive_per_sec,
-            settings.redrive_burst,
-        )),
-    }
+    Redriver::new(
+        settings.backend.amqp_url.expose().to_string(),
+        topology(settings),
+        settings.redrive_per_sec,
+        settings.redrive_burst,
+    )
 }
 
 fn readiness_probes(

@@ -10,20 +10,17 @@
 //! connection is (re)established, the filter is rebuilt from `SELECT id FROM products` and
 //! Moka is emptied, *after* `LISTEN`, so a change is either in that read or notified after it.
 
-use std::time::Duration;
-
 use anyhow::Context;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
+
+use seckill_messaging::{Health, Supervised, Supervisor};
 
 use crate::catalog::{Catalog, Product};
 use crate::stock::StockEngine;
 
 /// The channel migration 0003's trigger notifies.
 pub const CHANNEL: &str = "product_changes";
-
-/// Longest wait between two attempts to re-establish the listening connection.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The change listener of one replica; run it with [`CatalogSync::run`].
 pub struct CatalogSync {
@@ -63,51 +60,10 @@ impl CatalogSync {
     /// Applies notifications until `cancel`, re-establishing the connection (and rebuilding)
     /// whenever it drops.
     pub async fn run(mut self, cancel: CancellationToken) -> anyhow::Result<()> {
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            let Some(listener) = self.listener.as_mut() else {
-                tokio::select! {
-                    () = cancel.cancelled() => return Ok(()),
-                    () = tokio::time::sleep(backoff.mul_f64(rand::random_range(0.5..1.5))) => {}
-                }
-                // Connecting waits up to the pool's acquire timeout: not past a shutdown.
-                let connected = tokio::select! {
-                    () = cancel.cancelled() => return Ok(()),
-                    connected = self.connect("reconnect") => connected,
-                };
-                match connected {
-                    Ok(()) => backoff = Duration::from_millis(200),
-                    Err(e) => {
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            "product change listener still down"
-                        );
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
-                    }
-                }
-                continue;
-            };
-            let received = tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                received = listener.try_recv() => received,
-            };
-            match received {
-                Ok(Some(notification)) => self.apply(notification.payload()).await,
-                // The connection dropped and the listener re-subscribed on a new one; whatever
-                // was notified in between is lost, so start over from the table.
-                Ok(None) => {
-                    tracing::warn!("product change listener reconnected; rebuilding");
-                    if let Err(e) = self.resync("reconnect").await {
-                        tracing::warn!(error = format!("{e:#}"), "rebuild after reconnect failed");
-                        self.listener = None;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "product change listener lost postgres");
-                    self.listener = None;
-                }
-            }
-        }
+        Supervisor::new("product change listener")
+            .run(&mut self, &cancel)
+            .await;
+        Ok(())
     }
 
     /// A fresh listening connection, then a rebuild.
@@ -166,6 +122,50 @@ impl CatalogSync {
         // A no-op for buckets that are not loaded: they load with the new window.
         if let Err(e) = self.stock.update_window(&product).await {
             tracing::warn!(product_id = id, error = %e, "could not update the window in redis");
+        }
+    }
+}
+
+impl Supervised for CatalogSync {
+    /// (Re)connects unless connected, then applies notifications until `cancel` or until
+    /// the connection is lost (the next cycle connects and rebuilds).
+    async fn cycle(
+        &mut self,
+        health: &mut Health,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        if self.listener.is_none() {
+            // Connecting waits up to the pool's acquire timeout: not past a shutdown.
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                connected = self.connect("reconnect") => connected?,
+            }
+        }
+        health.healthy();
+        loop {
+            let Some(listener) = self.listener.as_mut() else {
+                anyhow::bail!("no listening connection");
+            };
+            let received = tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                received = listener.try_recv() => received,
+            };
+            match received {
+                Ok(Some(notification)) => self.apply(notification.payload()).await,
+                // The connection dropped and the listener re-subscribed on a new one; whatever
+                // was notified in between is lost, so start over from the table.
+                Ok(None) => {
+                    tracing::warn!("product change listener reconnected; rebuilding");
+                    if let Err(e) = self.resync("reconnect").await {
+                        self.listener = None;
+                        return Err(e.context("rebuild after reconnect"));
+                    }
+                }
+                Err(e) => {
+                    self.listener = None;
+                    return Err(anyhow::Error::from(e).context("lost postgres"));
+                }
+            }
         }
     }
 }

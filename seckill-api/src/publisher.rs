@@ -26,12 +26,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection};
+use lapin::Connection;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{NotTaken, Topology};
+use seckill_messaging::{ConfirmedPublisher, Health, NotTaken, Supervised, Supervisor, Topology};
 
 /// Messages a worker publishes in one go at most.
 const MAX_BATCH: usize = 512;
@@ -152,67 +151,33 @@ impl OrderPublisher {
     }
 
     /// Keeps a connection and its workers up until `cancel`, reconnecting with backoff.
-    pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
-        let mut backoff = Duration::from_millis(200);
-        while !cancel.is_cancelled() {
-            match self.connect().await {
-                Ok((connection, workers)) => {
-                    backoff = Duration::from_millis(200);
-                    tracing::info!("order publisher connected");
-                    let lost = CancellationToken::new();
-                    let mut senders = Vec::with_capacity(workers.len());
-                    let mut tasks = Vec::with_capacity(workers.len());
-                    for channel in workers {
-                        let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
-                        senders.push(tx);
-                        tasks.push(tokio::spawn(self.clone().work(channel, rx, lost.clone())));
-                    }
-                    self.set(senders);
-                    while connection.status().connected() && !lost.is_cancelled() {
-                        tokio::select! {
-                            _ = cancel.cancelled() => break,
-                            _ = lost.cancelled() => break,
-                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        }
-                    }
-                    self.set(Vec::new());
-                    lost.cancel();
-                    for task in tasks {
-                        let _ = task.await;
-                    }
-                    let _ = connection.close(200, "publisher stopping".into()).await;
-                    if !cancel.is_cancelled() {
-                        tracing::warn!("order publisher lost its connection");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = format!("{e:#}"), ?backoff, "order publisher down");
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+    pub async fn run(mut self, cancel: CancellationToken) -> anyhow::Result<()> {
+        Supervisor::new("order publisher")
+            .run(&mut self, &cancel)
+            .await;
         Ok(())
     }
 
     /// One worker: publishes whatever waits for it, batch after batch, until `lost`.
-    async fn work(self, channel: Channel, mut jobs: mpsc::Receiver<Job>, lost: CancellationToken) {
+    async fn work(
+        self,
+        publisher: ConfirmedPublisher,
+        mut jobs: mpsc::Receiver<Job>,
+        lost: CancellationToken,
+    ) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
             tokio::select! {
                 _ = lost.cancelled() => break,
                 got = jobs.recv_many(&mut batch, MAX_BATCH) => if got == 0 { break },
             }
-            let outcome = self.publish_batch(&channel, &batch).await;
+            let outcome = self.publish_batch(&publisher, &batch).await;
             metrics::histogram!("seckill_publish_batch_size").record(batch.len() as f64);
             let failed = outcome.is_err();
             for job in batch.drain(..) {
                 let _ = job.done.send(outcome.clone());
             }
-            if failed && !channel.status().connected() {
+            if failed && !publisher.is_open() {
                 // The connection loop notices and reconnects; the queued jobs fail fast.
                 lost.cancel();
             }
@@ -225,33 +190,38 @@ impl OrderPublisher {
         while let Ok(job) = jobs.try_recv() {
             let _ = job.done.send(Err(PublishError::NotConnected));
         }
-        let _ = channel.close(200, "publisher worker stopping".into()).await;
+        publisher.close("publisher worker stopping").await;
     }
 
     /// Publishes a batch and waits for every confirm; `Ok` only if each was a plain ack.
-    async fn publish_batch(&self, channel: &Channel, batch: &[Job]) -> Result<(), PublishError> {
+    async fn publish_batch(
+        &self,
+        publisher: &ConfirmedPublisher,
+        batch: &[Job],
+    ) -> Result<(), PublishError> {
         let publish_all = async {
             let mut confirms = Vec::with_capacity(batch.len());
             for job in batch {
-                let confirm = seckill_messaging::publish_order(
-                    channel,
-                    &self.inner.topology,
-                    &job.request_id,
-                    &job.http_request_id,
-                    &job.payload,
-                )
-                .await
-                .map_err(|e| PublishError::Channel(e.to_string()))?;
+                let confirm = publisher
+                    .send_order(
+                        &self.inner.topology,
+                        &job.request_id,
+                        &job.http_request_id,
+                        &job.payload,
+                    )
+                    .await?;
                 confirms.push(confirm);
             }
-            // Every confirm is awaited, so none is left to be credited to the next batch.
+            // Every confirm is awaited, so none is left to be credited to the next batch; one
+            // timeout bounds them all, and the whole batch.
             let mut refused = Ok(());
             for confirm in confirms {
-                let confirmation = confirm
-                    .await
-                    .map_err(|e| PublishError::Channel(e.to_string()))?;
-                if let Err(not_taken) = seckill_messaging::taken(&confirmation) {
-                    refused = Err(PublishError::Refused(not_taken));
+                match confirm.outcome().await {
+                    Ok(()) => {}
+                    Err(seckill_messaging::PublishError::NotTaken(not_taken)) => {
+                        refused = Err(PublishError::Refused(not_taken));
+                    }
+                    Err(e) => return Err(e.into()),
                 }
             }
             refused
@@ -273,7 +243,7 @@ impl OrderPublisher {
     }
 
     /// A connection with the topology declared and one confirming channel per worker.
-    async fn connect(&self) -> anyhow::Result<(Connection, Vec<Channel>)> {
+    async fn connect(&self) -> anyhow::Result<(Connection, Vec<ConfirmedPublisher>)> {
         let connection = seckill_messaging::connect(
             &self.inner.amqp_url,
             "seckill-api publisher",
@@ -287,15 +257,64 @@ impl OrderPublisher {
             .await
             .context("declare topology")?;
         let _ = declare.close(200, "declared".into()).await;
-        let mut channels = Vec::with_capacity(self.inner.channels);
+        let mut publishers = Vec::with_capacity(self.inner.channels);
         for _ in 0..self.inner.channels {
-            let channel = connection.create_channel().await?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
+            let publisher = ConfirmedPublisher::open(&connection, self.inner.timeout)
                 .await
                 .context("enable publisher confirms")?;
-            channels.push(channel);
+            publishers.push(publisher);
         }
-        Ok((connection, channels))
+        Ok((connection, publishers))
+    }
+}
+
+impl Supervised for OrderPublisher {
+    /// Connects and runs one worker per channel until `cancel` or until the connection (or
+    /// a worker's channel) is lost.
+    async fn cycle(
+        &mut self,
+        health: &mut Health,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let (connection, publishers) = self.connect().await?;
+        health.healthy();
+        tracing::info!("order publisher connected");
+        let lost = CancellationToken::new();
+        let mut senders = Vec::with_capacity(publishers.len());
+        let mut tasks = Vec::with_capacity(publishers.len());
+        for publisher in publishers {
+            let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
+            senders.push(tx);
+            tasks.push(tokio::spawn(self.clone().work(publisher, rx, lost.clone())));
+        }
+        self.set(senders);
+        while connection.status().connected() && !lost.is_cancelled() {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = lost.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        self.set(Vec::new());
+        lost.cancel();
+        for task in tasks {
+            let _ = task.await;
+        }
+        let _ = connection.close(200, "publisher stopping".into()).await;
+        if cancel.is_cancelled() {
+            return Ok(());
+        }
+        anyhow::bail!("the order publisher lost its connection")
+    }
+}
+
+impl From<seckill_messaging::PublishError> for PublishError {
+    fn from(error: seckill_messaging::PublishError) -> Self {
+        use seckill_messaging::PublishError as Failed;
+        match error {
+            Failed::Channel(e) => Self::Channel(e.to_string()),
+            Failed::TimedOut(_) => Self::TimedOut,
+            Failed::NotTaken(not_taken) => Self::Refused(not_taken),
+        }
     }
 }

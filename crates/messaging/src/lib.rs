@@ -3,9 +3,15 @@
 //! Layout:
 //! - [`OrderMessage`]: the body seckill-api publishes and order-service consumes.
 //! - [`topology`] — exchange/queue names under a namespace, declared idempotently.
+//! - [`publish`] — [`ConfirmedPublisher`]: persistent, `mandatory` publishes whose confirms
+//!   are bounded in time and judged by [`taken`]; every publisher of the services uses it.
+//! - [`worker`] — [`Supervisor`]: runs a background worker's connect-and-work cycle again
+//!   after each failure, with jittered exponential backoff, until cancelled.
 //! - [`connect`] — an AMQP connection with retry while the broker comes up.
 
+pub mod publish;
 pub mod topology;
+pub mod worker;
 
 use std::time::Duration;
 
@@ -16,7 +22,11 @@ use lapin::{Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use publish::{
+    CONFIRM_TIMEOUT, Confirm, ConfirmedPublisher, NotTaken, PublishError, publish_order, taken,
+};
 pub use topology::{DEFAULT_RETRY_TIERS_MS, DELIVERY_LIMIT, MAX_REQUEUES, QueueType, Topology};
+pub use worker::{Ended, Health, Supervised, Supervisor};
 
 /// An accepted purchase on its way to becoming an order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,80 +60,6 @@ pub const HEADER_ERROR_CODE: &str = "x-error-code";
 pub const HEADER_ERROR_MESSAGE: &str = "x-error-message";
 /// AMQP header a quorum queue sets on a redelivery: how often it returned the message.
 pub const HEADER_DELIVERY_COUNT: &str = "x-delivery-count";
-
-/// Why the broker did not take a published message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotTaken {
-    /// Confirmed, but no queue took it: a `mandatory` message returned as unroutable.
-    Returned,
-    /// The broker refused it (a nack).
-    Nacked,
-    /// The channel was not in confirm mode, so nothing says the broker has it.
-    NotConfirmed,
-}
-
-impl std::fmt::Display for NotTaken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Returned => "returned unroutable: no queue is bound for it",
-            Self::Nacked => "nacked by the broker",
-            Self::NotConfirmed => "published without a confirm",
-        })
-    }
-}
-
-impl std::error::Error for NotTaken {}
-
-/// Whether a publisher confirm means a queue holds the message. lapin resolves a
-/// `mandatory` publish that no queue took as an *ack* with the returned message attached:
-/// that is no success, and every publisher must check for it, which this does.
-pub fn taken(confirmation: &lapin::Confirmation) -> Result<(), NotTaken> {
-    match confirmation {
-        lapin::Confirmation::Ack(None) => Ok(()),
-        lapin::Confirmation::Ack(Some(_returned)) => Err(NotTaken::Returned),
-        lapin::Confirmation::Nack(_) => Err(NotTaken::Nacked),
-        lapin::Confirmation::NotRequested => Err(NotTaken::NotConfirmed),
-    }
-}
-
-/// Publishes one order message to the topology's exchange: persistent, `mandatory` (an
-/// unroutable message comes back attached to its confirm), with the purchase's request id
-/// as `message_id` and the HTTP request id in a header. The returned confirm resolves once
-/// the broker has answered for it (the channel must be in confirm mode); it is a success
-/// only if [`taken`] says so — an unroutable message confirms as an ack too.
-pub async fn publish_order(
-    channel: &lapin::Channel,
-    topology: &Topology,
-    request_id: &str,
-    http_request_id: &str,
-    payload: &[u8],
-) -> lapin::Result<lapin::PublisherConfirm> {
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::{AMQPValue, FieldTable};
-    let mut headers = FieldTable::default();
-    headers.insert(
-        HEADER_REQUEST_ID.into(),
-        AMQPValue::LongString(http_request_id.into()),
-    );
-    headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
-    let properties = lapin::BasicProperties::default()
-        .with_message_id(request_id.into())
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-        .with_headers(headers);
-    channel
-        .basic_publish(
-            topology.exchange.as_str().into(),
-            topology.routing_key.as_str().into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            payload,
-            properties,
-        )
-        .await
-}
 
 /// Opens a connection to `url`, retrying with backoff for about `patience`.
 pub async fn connect(url: &str, name: &str, patience: Duration) -> anyhow::Result<Connection> {

@@ -32,14 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use lapin::Channel;
-use lapin::options::ConfirmSelectOptions;
 use redis::aio::ConnectionLike;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{NotTaken, Topology};
+use seckill_messaging::{
+    Confirm, ConfirmedPublisher, Health, NotTaken, PublishError, Supervised, Supervisor, Topology,
+};
 use seckill_store::RedisKeys;
 
 pub mod registry;
@@ -160,7 +160,7 @@ impl std::fmt::Debug for Relay {
 }
 
 const IDLE_TICK: Duration = Duration::from_millis(50);
-/// Longest the relay waits for one round's confirms before it reconnects (entries stay).
+/// Longest the relay waits for each confirm of a round before it reconnects (entries stay).
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the streams known to hold entries are read again, hinted or not.
 pub const REVISIT_EVERY: Duration = Duration::from_secs(1);
@@ -179,56 +179,36 @@ const RECLAIM_EVERY_BEHIND_HANDLERS: Duration = Duration::from_secs(1);
 
 impl Relay {
     /// Runs until `cancel`: (re)connects to the broker with backoff and pumps the outbox.
-    pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
-        let mut backoff = Duration::from_millis(200);
-        while !cancel.is_cancelled() {
-            let outcome = match self.open_channel().await {
-                Ok((connection, channel)) => {
-                    self.connected.store(true, Ordering::Relaxed);
-                    backoff = Duration::from_millis(200);
-                    let pumped = self.pump(&channel, &cancel).await;
-                    self.connected.store(false, Ordering::Relaxed);
-                    let _ = channel.close(200, "relay stopping".into()).await;
-                    let _ = connection.close(200, "relay stopping".into()).await;
-                    pumped
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = outcome {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    ?backoff,
-                    "outbox relay interrupted"
-                );
-                metrics::counter!("outbox_relay_interruptions_total").increment(1);
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
-        tracing::info!("outbox relay stopped");
+    pub async fn run(mut self, cancel: CancellationToken) -> anyhow::Result<()> {
+        Supervisor::new("outbox relay")
+            .counting_failures("outbox_relay_interruptions_total")
+            .run(&mut self, &cancel)
+            .await;
         Ok(())
     }
 
-    async fn open_channel(&self) -> anyhow::Result<(lapin::Connection, Channel)> {
+    async fn open_publisher(&self) -> anyhow::Result<(lapin::Connection, ConfirmedPublisher)> {
         let connection =
             seckill_messaging::connect(&self.amqp_url, "seckill-api relay", Duration::ZERO).await?;
         let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .context("enable publisher confirms")?;
         self.topology
             .declare(&channel)
             .await
             .context("declare topology")?;
-        Ok((connection, channel))
+        // Bounded: a confirm that never comes would stall the relay, and a fence (see
+        // `stock::fence`) counts on publishes begun before a loss ending within seconds.
+        let publisher = ConfirmedPublisher::new(channel, CONFIRM_TIMEOUT)
+            .await
+            .context("enable publisher confirms")?;
+        Ok((connection, publisher))
     }
 
     /// Publishes until cancelled or until the broker or Redis fails.
-    async fn pump(&self, channel: &Channel, cancel: &CancellationToken) -> anyhow::Result<()> {
+    async fn pump(
+        &self,
+        publisher: &ConfirmedPublisher,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
         // After a (re)connect, replay our own pending entries first: they may have been
         // published without a confirm reaching us. They are in streams holding entries,
         // which the first pass's safety scan finds.
@@ -297,7 +277,7 @@ impl Relay {
                 last_reclaim = Instant::now();
             }
             replay_own = false;
-            let moved = self.publish(channel, &mut conn, round).await?;
+            let moved = self.publish(publisher, &mut conn, round).await?;
             for stream in streams {
                 let length: i64 = redis::cmd("XLEN")
                     .arg(&stream)
@@ -393,7 +373,7 @@ impl Relay {
     /// how many; fails (keeping all of them pending) if any was not.
     async fn publish<C: ConnectionLike + Send>(
         &self,
-        channel: &Channel,
+        publisher: &ConfirmedPublisher,
         conn: &mut C,
         round: Vec<(String, Vec<StreamId>)>,
     ) -> anyhow::Result<usize> {
@@ -404,7 +384,7 @@ impl Relay {
         let mut pending = Vec::new();
         for (index, (_, entries)) in round.iter().enumerate() {
             for entry in entries {
-                let confirm = self.publish_one(channel, entry).await?;
+                let confirm = self.publish_one(publisher, entry).await?;
                 pending.push((index, entry.id.clone(), confirm));
             }
         }
@@ -413,17 +393,18 @@ impl Relay {
         let mut failed = 0usize;
         let mut returned = 0usize;
         for (index, id, confirm) in pending {
-            // Bounded: a confirm that never comes would stall the relay, and a fence (see
-            // `stock::fence`) counts on publishes begun before a loss ending within seconds.
-            let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-                .await
-                .context("no confirm within the relay's timeout")?;
-            match seckill_messaging::taken(&confirmation.context("await confirm")?) {
+            match publisher.confirmed(confirm).await {
                 Ok(()) => confirmed[index].push(id),
                 // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
                 // follows re-declares the topology and replays it.
-                Err(NotTaken::Returned) => returned += 1,
-                Err(NotTaken::Nacked | NotTaken::NotConfirmed) => failed += 1,
+                Err(PublishError::NotTaken(NotTaken::Returned)) => returned += 1,
+                Err(PublishError::NotTaken(NotTaken::Nacked | NotTaken::NotConfirmed)) => {
+                    failed += 1
+                }
+                Err(e @ PublishError::TimedOut(_)) => {
+                    return Err(e).context("no confirm within the relay's timeout");
+                }
+                Err(e @ PublishError::Channel(_)) => return Err(e).context("await confirm"),
             }
         }
         metrics::histogram!("outbox_confirm_seconds").record(started.elapsed().as_secs_f64());
@@ -452,21 +433,34 @@ impl Relay {
 
     async fn publish_one(
         &self,
-        channel: &Channel,
+        publisher: &ConfirmedPublisher,
         entry: &StreamId,
-    ) -> anyhow::Result<lapin::PublisherConfirm> {
+    ) -> anyhow::Result<Confirm> {
         let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
         let request_id: String = entry.get("request_id").unwrap_or_default();
         let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
-        seckill_messaging::publish_order(
-            channel,
-            &self.topology,
-            &request_id,
-            &http_request_id,
-            &payload,
-        )
-        .await
-        .context("publish")
+        publisher
+            .send_order(&self.topology, &request_id, &http_request_id, &payload)
+            .await
+            .context("publish")
+    }
+}
+
+impl Supervised for Relay {
+    /// Connects, then pumps the outbox until cancelled or until the broker or Redis fails.
+    async fn cycle(
+        &mut self,
+        health: &mut Health,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let (connection, publisher) = self.open_publisher().await?;
+        self.connected.store(true, Ordering::Relaxed);
+        health.healthy();
+        let pumped = self.pump(&publisher, cancel).await;
+        self.connected.store(false, Ordering::Relaxed);
+        publisher.close("relay stopping").await;
+        let _ = connection.close(200, "relay stopping".into()).await;
+        pumped
     }
 }
 

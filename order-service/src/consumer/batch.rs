@@ -1,0 +1,151 @@
+//! Handling one batch of deliveries: parse them, write what parsed in one transaction,
+//! then finish each delivery by what the write said (`super::delivery`).
+
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+use lapin::message::Delivery;
+use lapin::options::BasicRejectOptions;
+
+use seckill_messaging::OrderMessage;
+use seckill_store::PurchaseResult;
+
+use super::OrderConsumer;
+use super::delivery::{Exhausted, Out};
+use super::headers::{attempt_of, delivery_span};
+use crate::orders;
+
+impl OrderConsumer {
+    /// Handles one batch; if that panics (a bug), dead-letters what it had not settled
+    /// rather than leaving it unacked — lapin does not settle a dropped delivery, so it would
+    /// hold a prefetch slot until the channel closes and then be redelivered into the same
+    /// panic. Only deliveries still in hand are rejected: one the batch already finished may
+    /// be awaiting its (coalesced) ack, and its order is written.
+    pub(super) async fn handle_even_on_panic(self, batch: Vec<Delivery>, out: Out) {
+        let ackers: Vec<_> = batch
+            .iter()
+            .map(|d| (d.delivery_tag, d.acker.clone()))
+            .collect();
+        let handled = AssertUnwindSafe(self.handle_batch(batch, &out))
+            .catch_unwind()
+            .await;
+        if handled.is_err() {
+            tracing::error!("order handler panicked, dead-lettering its batch");
+            let tags: Vec<u64> = ackers.iter().map(|(tag, _)| *tag).collect();
+            let unsettled = out.acks.still_in_hand(&tags).await;
+            for (tag, acker) in ackers {
+                if !unsettled.contains(&tag) {
+                    continue;
+                }
+                if acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await
+                    .is_ok()
+                {
+                    metrics::counter!("orders_dead_lettered_total", "reason" => "panic")
+                        .increment(1);
+                }
+                out.acks.settled_elsewhere(tag).await;
+            }
+        }
+    }
+
+    /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
+    async fn handle_batch(&self, batch: Vec<Delivery>, out: &Out) {
+        let Some(permit) = self.breaker.try_acquire() else {
+            // The breaker is refusing calls (the consumer is pausing, or half-open has all
+            // the trial calls it allows): hand the batch back, no attempt counted.
+            let requeues = batch.iter().map(|delivery| self.requeue(out, delivery));
+            futures_util::future::join_all(requeues).await;
+            return;
+        };
+        metrics::counter!("orders_consumed_total").increment(batch.len() as u64);
+        let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
+        self.retry.record_first_attempts(first);
+        let mut parsed = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            match serde_json::from_slice::<OrderMessage>(&delivery.data) {
+                Ok(msg) => parsed.push((delivery, msg)),
+                Err(e) => {
+                    let span = delivery_span(&delivery);
+                    let _entered = span.enter();
+                    tracing::error!(error = %e, "unparseable order message, dead-lettering");
+                    self.dead_letter(out, &delivery, "unparseable", &e.to_string())
+                        .await;
+                }
+            }
+        }
+        if parsed.is_empty() {
+            return;
+        }
+        let msgs: Vec<OrderMessage> = parsed.iter().map(|(_, msg)| msg.clone()).collect();
+        metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
+        let started = std::time::Instant::now();
+        let recorded = orders::record_batch(&self.db, &msgs, self.write).await;
+        metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
+        // Only the database being unavailable counts against it; a message's own trouble
+        // (a lock timeout) does not.
+        let unavailable = matches!(&recorded, Err(e) if orders::is_database_unavailable(e));
+        self.breaker.record(permit, unavailable);
+        match recorded {
+            Ok(outcomes) => {
+                let settles = parsed
+                    .into_iter()
+                    .zip(outcomes)
+                    .map(|((delivery, msg), outcome)| {
+                        self.finish_written(out, delivery, msg, outcome)
+                    });
+                futures_util::future::join_all(settles).await;
+            }
+            Err(e) if !orders::is_database_unavailable(&e) => {
+                tracing::warn!(error = %e, count = msgs.len(), "order batch failed, retrying");
+                let error = e.to_string();
+                let retries = parsed.iter().map(|(delivery, _)| {
+                    self.retry_later(out, delivery, &error, Exhausted::DeadLetter)
+                });
+                futures_util::future::join_all(retries).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, count = msgs.len(), "database unavailable, requeueing");
+                let requeues = parsed
+                    .iter()
+                    .map(|(delivery, _)| self.requeue(out, delivery));
+                futures_util::future::join_all(requeues).await;
+            }
+        }
+    }
+
+    /// How many buckets the product's stock is split into; 1 for an unknown product (its
+    /// purchase was never accepted in Redis, so any key will do for its `failed` result).
+    async fn bucket_count(&self, product_id: i64) -> anyhow::Result<u16> {
+        let db = self.db.clone();
+        self.buckets
+            .try_get_with(product_id, async move {
+                let buckets: Option<i16> =
+                    sqlx::query_scalar("SELECT stock_buckets FROM products WHERE id = $1")
+                        .bind(product_id)
+                        .fetch_optional(&db)
+                        .await?;
+                Ok::<u16, sqlx::Error>(buckets.and_then(|b| u16::try_from(b).ok()).unwrap_or(1))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("bucket count of product {product_id}: {e}"))
+    }
+
+    /// Writes the buyer's result where their purchase's bucket keeps it.
+    pub(super) async fn write_result(
+        &self,
+        msg: &OrderMessage,
+        result: &PurchaseResult,
+    ) -> anyhow::Result<()> {
+        let buckets = self.bucket_count(msg.product_id).await?;
+        let mut conn = self.redis.get().await?;
+        redis::cmd("HSET")
+            .arg(self.keys.result_of(msg.product_id, buckets, msg.user_id))
+            .arg(msg.user_id)
+            .arg(result.encode())
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,246 @@
+//! The consumer's loop: one connection at a time under a supervisor, paused while the
+//! breaker refuses calls, gathering deliveries into batches that run concurrently.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use lapin::Channel;
+use lapin::message::Delivery;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use seckill_messaging::{CONFIRM_TIMEOUT, ConfirmedPublisher, Health, Supervised, Supervisor};
+
+use super::OrderConsumer;
+use super::delivery::Out;
+use crate::ack_window::AckWindow;
+use crate::breaker::State;
+
+impl OrderConsumer {
+    /// Runs until `cancel`, reconnecting with backoff when the broker goes away.
+    pub async fn run(mut self, cancel: CancellationToken) -> anyhow::Result<()> {
+        Supervisor::new("order consumer")
+            .counting_failures("order_consumer_interruptions_total")
+            .run(&mut self, &cancel)
+            .await;
+        Ok(())
+    }
+
+    /// One connection's life: declare, consume until cancelled or a failure, close.
+    async fn consume(&self, health: &mut Health, cancel: &CancellationToken) -> anyhow::Result<()> {
+        let connection =
+            seckill_messaging::connect(&self.amqp_url, "order-service", Duration::ZERO).await?;
+        let channel = connection.create_channel().await?;
+        self.topology
+            .declare(&channel)
+            .await
+            .context("declare topology")?;
+        // Retries and dead letters are published with confirms, on a channel of their own
+        // (confirm mode would also apply to nothing else here, but keeps the two apart).
+        let publisher = ConfirmedPublisher::open(&connection, CONFIRM_TIMEOUT)
+            .await
+            .context("enable publisher confirms")?;
+        self.connected.store(true, Ordering::Relaxed);
+        health.healthy();
+        let out = Out {
+            publisher: publisher.clone(),
+            one_publish: Arc::new(tokio::sync::Mutex::new(())),
+            acks: Arc::new(AckWindow::new(channel.clone())),
+        };
+
+        let mut in_flight = JoinSet::new();
+        let mut changes = self.breaker.subscribe();
+        let ended = loop {
+            // Paused while the breaker refuses calls: nothing is taken from the queue.
+            if self.breaker.state().pauses() {
+                tracing::warn!("circuit breaker open: consumer paused");
+                metrics::gauge!("order_consumer_paused").set(1.0);
+                while self.breaker.state().pauses() {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = changes.changed() => {}
+                    }
+                }
+                metrics::gauge!("order_consumer_paused").set(0.0);
+                if cancel.is_cancelled() {
+                    break Ok(());
+                }
+                tracing::info!("consumer resumed");
+            }
+            // Half-open takes one batch at a time (its trial calls), not a full prefetch
+            // that would mostly be handed back; prefetch applies to consumers created after.
+            let trial = self.breaker.state() == State::HalfOpen;
+            let prefetch = if trial {
+                u16::try_from(self.batch_size).unwrap_or(u16::MAX)
+            } else {
+                self.prefetch
+            };
+            if let Err(e) = channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await
+            {
+                break Err(anyhow::Error::from(e).context("set prefetch"));
+            }
+            match self
+                .consume_until_paused(&channel, &out, &mut in_flight, &mut changes, cancel)
+                .await
+            {
+                Ok(Run::Paused | Run::Restart) => continue,
+                Ok(Run::Stopped) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        while in_flight.join_next().await.is_some() {}
+        self.connected.store(false, Ordering::Relaxed);
+        publisher.close("order-service stopping").await;
+        let _ = channel.close(200, "order-service stopping".into()).await;
+        let _ = connection.close(200, "order-service stopping".into()).await;
+        ended
+    }
+
+    /// Consumes (batching deliveries) until the breaker pauses it, `cancel`, or an error.
+    /// On a pause or a stop the broker consumer is cancelled first; what the broker had
+    /// already pushed is handed back to the queue (pause) or handled (stop), so a clean stop
+    /// redelivers nothing and a pause keeps everything in the queue.
+    async fn consume_until_paused(
+        &self,
+        channel: &Channel,
+        out: &Out,
+        in_flight: &mut JoinSet<()>,
+        changes: &mut tokio::sync::watch::Receiver<crate::breaker::State>,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Run> {
+        let tag = format!("order-service-{}", uuid::Uuid::new_v4().simple());
+        let mut deliveries = channel
+            .basic_consume(
+                self.topology.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .context("start consuming")?;
+        tracing::info!(queue = %self.topology.queue, prefetch = self.prefetch, "consuming");
+        let mut batch: Vec<Delivery> = Vec::with_capacity(self.batch_size);
+        // Far future while the batch is empty; first delivery + linger once it is not.
+        let idle = || tokio::time::Instant::now() + Duration::from_secs(3600);
+        let mut flush_at = idle();
+        let trial = self.breaker.state() == State::HalfOpen;
+        // The confirm channel can close on its own (a channel error, such as publishing to
+        // an exchange deleted under us) while this one consumes on: every retry and dead
+        // letter would then fail and be requeued, forever. Checked every second; reconnecting
+        // declares the topology again.
+        let mut publisher_check = tokio::time::interval(Duration::from_secs(1));
+        let ended = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break Ok(Run::Stopped),
+                _ = publisher_check.tick() => {
+                    if !out.publisher.is_open() {
+                        break Err(anyhow::anyhow!("the publisher channel closed"));
+                    }
+                }
+                _ = changes.changed() => {
+                    let state = self.breaker.state();
+                    if state.pauses() {
+                        break Ok(Run::Paused);
+                    }
+                    if trial != (state == State::HalfOpen) {
+                        // Half-open ended (or began): consume again with the right prefetch.
+                        break Ok(Run::Restart);
+                    }
+                }
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => {
+                        out.acks.delivered(delivery.delivery_tag).await;
+                        if batch.is_empty() {
+                            flush_at = tokio::time::Instant::now() + self.batch_linger;
+                        }
+                        batch.push(delivery);
+                        if batch.len() >= self.batch_size {
+                            let full = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+                            in_flight.spawn(self.clone().handle_even_on_panic(full, out.clone()));
+                            flush_at = idle();
+                        }
+                    }
+                    Some(Err(e)) => break Err(anyhow::Error::from(e).context("delivery stream")),
+                    None => break Err(anyhow::anyhow!("delivery stream ended")),
+                },
+                _ = tokio::time::sleep_until(flush_at), if !batch.is_empty() => {
+                    let due = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+                    in_flight.spawn(self.clone().handle_even_on_panic(due, out.clone()));
+                    flush_at = idle();
+                }
+                Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    if let Err(e) = done {
+                        tracing::error!(error = %e, "delivery task panicked");
+                    }
+                }
+            }
+        };
+        let mut ended = ended;
+        if ended.is_ok() {
+            // Stop new deliveries; the stream ends after those the broker already pushed.
+            let _ = channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
+            let buffered = async {
+                while let Some(Ok(delivery)) = deliveries.next().await {
+                    out.acks.delivered(delivery.delivery_tag).await;
+                    batch.push(delivery);
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), buffered)
+                .await
+                .is_err()
+            {
+                // Deliveries still unread are unknown to the ack window: on this channel the
+                // next consumer's coalesced ack would cover them unprocessed. Ending with an
+                // error closes the channel, and the broker requeues them.
+                tracing::warn!("consumer did not end after cancel; closing its channel");
+                ended = Err(anyhow::anyhow!(
+                    "consumer did not end within 5 s of its cancel"
+                ));
+            }
+        }
+        match ended {
+            Ok(Run::Paused) => {
+                for delivery in &batch {
+                    self.hand_back(out, delivery).await;
+                }
+            }
+            _ if !batch.is_empty() => {
+                in_flight.spawn(self.clone().handle_even_on_panic(batch, out.clone()));
+            }
+            _ => {}
+        }
+        ended
+    }
+}
+
+impl Supervised for OrderConsumer {
+    /// Connects and consumes until `cancel` or until the broker goes away.
+    async fn cycle(
+        &mut self,
+        health: &mut Health,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let consumed = self.consume(health, cancel).await;
+        self.connected.store(false, Ordering::Relaxed);
+        consumed
+    }
+}
+
+/// How a consuming run ended.
+enum Run {
+    /// The breaker opened.
+    Paused,
+    /// The breaker left (or entered) half-open: consume again with its prefetch.
+    Restart,
+    /// Cancelled.
+    Stopped,
+}

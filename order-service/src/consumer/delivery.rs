@@ -1,0 +1,271 @@
+//! What becomes of each delivery: ack, retry, dead letter, or requeue.
+//!
+//! A retry or a dead letter is a copy published with a confirm *before* the original is
+//! acked, so a crash in between duplicates, never loses. "Settle" means one thing here:
+//! telling the broker what became of a delivery (an ack, a nack or a reject).
+
+use std::sync::Arc;
+
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::options::{BasicNackOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use seckill_messaging::{
+    ConfirmedPublisher, HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_ERROR_CODE,
+    HEADER_ERROR_MESSAGE, MAX_REQUEUES, OrderMessage, Topology,
+};
+use seckill_store::PurchaseResult;
+
+use super::OrderConsumer;
+use super::headers::{attempt_of, delivery_count, delivery_span};
+use crate::ack_window::AckWindow;
+use crate::orders::Recorded;
+use crate::retry::Next;
+
+impl OrderConsumer {
+    /// Writes the buyer's result for one written message, then acks or dead-letters it.
+    pub(super) async fn finish_written(
+        &self,
+        out: &Out,
+        delivery: Delivery,
+        msg: OrderMessage,
+        outcome: Recorded,
+    ) {
+        let span = delivery_span(&delivery);
+        let (result, settle) = match outcome {
+            Recorded::Created { order_id } => {
+                metrics::counter!("orders_created_total").increment(1);
+                (PurchaseResult::Success { order_id }, Settle::Ack)
+            }
+            Recorded::Duplicate { order_id } => {
+                metrics::counter!("orders_duplicates_total").increment(1);
+                (PurchaseResult::Success { order_id }, Settle::Ack)
+            }
+            Recorded::Cancelled { order_id } => {
+                // Its result was written when it was cancelled, and the buyer may have bought
+                // again since: whatever this copy wrote could only be stale.
+                metrics::counter!("orders_duplicates_total").increment(1);
+                span.in_scope(|| {
+                    tracing::info!(order_id, "copy of a cancelled purchase, nothing to do")
+                });
+                out.acks.ack(delivery.delivery_tag).await;
+                return;
+            }
+            Recorded::Rejected { reason } => {
+                span.in_scope(|| {
+                    tracing::error!(
+                        reason,
+                        user_id = msg.user_id,
+                        product_id = msg.product_id,
+                        "order rejected, dead-lettering"
+                    )
+                });
+                let reason = reason.to_string();
+                (PurchaseResult::Failed { reason }, Settle::DeadLetter)
+            }
+        };
+        if let Err(e) = self.write_result(&msg, &result).await {
+            span.in_scope(|| tracing::warn!(error = %e, "result write failed"));
+            if matches!(settle, Settle::Ack) {
+                // The order is committed: a retry (counted, through the tiers) finds it and
+                // writes the result again; past the last one the order stands and the
+                // message is acked, its buyer's result left to the next write.
+                self.retry_later(out, &delivery, &e.to_string(), Exhausted::OrderStands)
+                    .await;
+                return;
+            }
+            // A rejected purchase is dead-lettered all the same: giving it up (an operator's
+            // ignore) writes its buyer's result.
+        }
+        match (settle, result) {
+            (Settle::DeadLetter, PurchaseResult::Failed { reason }) => {
+                self.dead_letter(out, &delivery, &reason, "rejected by the database")
+                    .await;
+            }
+            // Acked with the run of finished deliveries it belongs to.
+            _ => out.acks.ack(delivery.delivery_tag).await,
+        }
+    }
+
+    /// Sends a message that failed transiently to its next retry tier (or, past the cap, as
+    /// `exhausted` says), then acks the original.
+    pub(super) async fn retry_later(
+        &self,
+        out: &Out,
+        delivery: &Delivery,
+        error: &str,
+        exhausted: Exhausted,
+    ) {
+        let attempt = attempt_of(delivery);
+        match self.retry.next(attempt) {
+            Next::GiveUp if exhausted == Exhausted::OrderStands => {
+                metrics::counter!("orders_results_abandoned_total").increment(1);
+                tracing::error!(
+                    error,
+                    "the buyer's result could not be written after every retry; the order stands"
+                );
+                out.acks.ack(delivery.delivery_tag).await;
+            }
+            Next::GiveUp => {
+                self.dead_letter(out, delivery, "retries_exhausted", error)
+                    .await;
+            }
+            Next::Retry { delay_ms, attempt } => {
+                let routing_key = Topology::retry_routing_key(delay_ms);
+                let headers = [
+                    (HEADER_ATTEMPT, AMQPValue::LongInt(attempt as i32)),
+                    (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
+                ];
+                let published = self
+                    .republish(
+                        out,
+                        &self.topology.retry_exchange,
+                        &routing_key,
+                        delivery,
+                        &headers,
+                    )
+                    .await;
+                if published {
+                    metrics::counter!("orders_retried_total", "tier" => format!("{delay_ms}ms"))
+                        .increment(1);
+                    out.acks.ack(delivery.delivery_tag).await;
+                } else {
+                    self.requeue(out, delivery).await;
+                }
+            }
+        }
+    }
+
+    /// Publishes the message to the dead-letter exchange with its reason, then acks the
+    /// original; if that publish fails, rejects it into the same exchange without a reason.
+    pub(super) async fn dead_letter(
+        &self,
+        out: &Out,
+        delivery: &Delivery,
+        code: &str,
+        error: &str,
+    ) {
+        metrics::counter!("orders_dead_lettered_total", "reason" => code.to_string()).increment(1);
+        let headers = [
+            (HEADER_ERROR_CODE, AMQPValue::LongString(code.into())),
+            (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
+            (
+                HEADER_ATTEMPT,
+                AMQPValue::LongInt(attempt_of(delivery) as i32),
+            ),
+        ];
+        let exchange = &self.topology.dead_letter_exchange;
+        if self.republish(out, exchange, "", delivery, &headers).await {
+            out.acks.ack(delivery.delivery_tag).await;
+        } else {
+            let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+            out.acks.settled_elsewhere(delivery.delivery_tag).await;
+        }
+    }
+
+    /// Publishes a copy of `delivery` (body and properties, plus `headers`) and waits for
+    /// the broker's confirm; false unless it was confirmed and routed to a queue.
+    async fn republish(
+        &self,
+        out: &Out,
+        exchange: &str,
+        routing_key: &str,
+        delivery: &Delivery,
+        headers: &[(&str, AMQPValue)],
+    ) -> bool {
+        // The copy is a new message to its queue: the original's delivery count, kept,
+        // would read as the copy's own.
+        let mut table: FieldTable = delivery
+            .properties
+            .headers()
+            .iter()
+            .flat_map(|h| h.inner())
+            .filter(|(name, _)| name.as_str() != HEADER_DELIVERY_COUNT)
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
+        for (name, value) in headers {
+            table.insert(ShortString::from(*name), value.clone());
+        }
+        let properties: BasicProperties = delivery.properties.clone().with_headers(table);
+        let _one = out.one_publish.lock().await;
+        let published = out
+            .publisher
+            .publish(exchange, routing_key, &delivery.data, properties)
+            .await;
+        if let Err(e) = published {
+            tracing::warn!(error = %e, exchange, routing_key, "republish failed");
+            return false;
+        }
+        true
+    }
+
+    /// Hands a delivery back to the queue after `requeue_delay`, no attempt counted.
+    pub(super) async fn requeue(&self, out: &Out, delivery: &Delivery) {
+        tokio::time::sleep(self.requeue_delay).await;
+        self.hand_back(out, delivery).await;
+    }
+
+    /// Returns a delivery to the queue: a nack with requeue, or past [`MAX_REQUEUES`]
+    /// returns a fresh copy published to the queue (its delivery count starts over) and the
+    /// original acked. Should that publish fail, the nack it is.
+    pub(super) async fn hand_back(&self, out: &Out, delivery: &Delivery) {
+        metrics::counter!("orders_requeued_total").increment(1);
+        if delivery_count(delivery) >= MAX_REQUEUES {
+            let recycled = self
+                .republish(
+                    out,
+                    &self.topology.exchange,
+                    &self.topology.routing_key,
+                    delivery,
+                    &[],
+                )
+                .await;
+            if recycled {
+                metrics::counter!("orders_recycled_total").increment(1);
+                out.acks.ack(delivery.delivery_tag).await;
+                return;
+            }
+        }
+        let options = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        if let Err(e) = delivery.nack(options).await {
+            tracing::warn!(error = %e, "could not requeue delivery");
+        }
+        out.acks.settled_elsewhere(delivery.delivery_tag).await;
+    }
+}
+
+/// Where a batch settles its deliveries: the confirm channel for retries and dead letters,
+/// and the consuming channel's ack window.
+#[derive(Clone)]
+pub(super) struct Out {
+    /// Publishes retries, dead letters and recycled copies, each confirmed.
+    pub(super) publisher: ConfirmedPublisher,
+    /// Held from a publish until its confirm: lapin credits a returned (unroutable) message
+    /// to whichever confirm resolves next, and one `ack multiple` resolves several in no
+    /// fixed order, so with two publishes pending a return could be read as the other's
+    /// and an unrouted copy's original acked. Retries, dead letters and recycled copies
+    /// are the rare path; one at a time costs nothing that matters.
+    pub(super) one_publish: Arc<tokio::sync::Mutex<()>>,
+    /// Acks of the consuming channel, coalesced.
+    pub(super) acks: Arc<AckWindow>,
+}
+
+/// How a written message is settled once its buyer's result is written.
+enum Settle {
+    Ack,
+    DeadLetter,
+}
+
+/// What a message that ran out of retries becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Exhausted {
+    /// A dead letter with reason `retries_exhausted`.
+    DeadLetter,
+    /// Acked: its order is written, only its buyer's result could not be.
+    OrderStands,
+}

@@ -1,0 +1,54 @@
+//! What a delivery's headers say: its attempt, how often the queue returned it, and the
+//! ids that follow a purchase through the logs.
+
+use lapin::message::Delivery;
+use lapin::types::AMQPValue;
+
+use seckill_messaging::{HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_REQUEST_ID};
+
+/// A span naming the delivery's message id and the purchase's HTTP request id, so one id
+/// follows a purchase from the gateway to its order in the logs.
+pub(super) fn delivery_span(delivery: &Delivery) -> tracing::Span {
+    let properties = &delivery.properties;
+    let message_id = properties
+        .message_id()
+        .as_ref()
+        .map(|m| m.to_string())
+        .unwrap_or_default();
+    let request_id = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(HEADER_REQUEST_ID))
+        .and_then(|v| v.as_long_string())
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    tracing::info_span!("delivery", message_id, request_id)
+}
+
+/// The attempt a delivery carries (0 for a first delivery).
+pub(super) fn attempt_of(delivery: &Delivery) -> u32 {
+    count_header(delivery, HEADER_ATTEMPT)
+}
+
+/// How often the queue has returned this delivery before (a quorum queue's count; 0 on a
+/// classic queue, which keeps none).
+pub(super) fn delivery_count(delivery: &Delivery) -> u32 {
+    count_header(delivery, HEADER_DELIVERY_COUNT)
+}
+
+/// A numeric header of a delivery, 0 when absent or not a count.
+fn count_header(delivery: &Delivery, name: &str) -> u32 {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(name))
+        .and_then(|v| match v {
+            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongUInt(n) => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,182 @@
+//! What the parking lot holds: entries, their status, a dead letter as it arrives, and
+//! the audit trail.
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use seckill_messaging::{HEADER_ATTEMPT, OrderMessage};
+
+/// Where an entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting for an operator.
+    Pending,
+    /// Sent back to the orders queue.
+    Redriven,
+    /// Given up for good; its unit went back on sale.
+    Ignored,
+    /// Failed again after too many redrives: no redrive until an operator clears it.
+    Quarantined,
+}
+
+impl Status {
+    /// Its name in the `dead_letters.status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Redriven => "redriven",
+            Self::Ignored => "ignored",
+            Self::Quarantined => "quarantined",
+        }
+    }
+}
+
+/// A dead letter as the operator sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Entry {
+    /// The purchase's request id (or `sha256:<hex>` of a body that did not parse).
+    pub event_id: String,
+    /// The buyer, when the body parsed.
+    pub user_id: Option<i64>,
+    /// The product, when the body parsed.
+    pub product_id: Option<i64>,
+    /// Why it was given up (`unparseable`, `unknown_product`, `out_of_stock`,
+    /// `retries_exhausted`, `rejected`, …).
+    pub error_code: String,
+    /// The last error, for a human.
+    pub last_error: String,
+    /// Deliveries it had when given up.
+    pub attempts: i32,
+    /// Redrives so far.
+    pub redrives: i32,
+    /// pending, redriven, ignored or quarantined.
+    pub status: String,
+    /// When it was first dead-lettered.
+    pub first_seen: DateTime<Utc>,
+    /// When it was last dead-lettered.
+    pub last_attempt: DateTime<Utc>,
+    /// Who last acted on it.
+    pub operator: Option<String>,
+    /// The message body (non-UTF-8 bytes escaped).
+    pub body: String,
+}
+
+/// A dead letter as it leaves the dead-letter queue, ready to be recorded.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    /// See [`Entry::event_id`].
+    pub event_id: String,
+    /// The buyer, if the body parsed.
+    pub user_id: Option<i64>,
+    /// The product, if the body parsed.
+    pub product_id: Option<i64>,
+    /// The body as published.
+    pub body: Vec<u8>,
+    /// Why it was given up.
+    pub error_code: String,
+    /// The last error.
+    pub last_error: String,
+    /// Deliveries it had.
+    pub attempts: i32,
+}
+
+impl Arrival {
+    /// Reads what the dead-letter path attached: the event id from the body (or the AMQP
+    /// message id, or a digest of the body), the reason from our headers, or from the
+    /// broker's `x-death` when the message was rejected without them.
+    pub fn from_message(body: &[u8], properties: &BasicProperties) -> Self {
+        let headers = properties.headers().clone().unwrap_or_default();
+        let text = |name: &str| -> Option<String> {
+            headers.inner().get(name).and_then(|v| match v {
+                AMQPValue::LongString(s) => Some(s.to_string()),
+                AMQPValue::ShortString(s) => Some(s.to_string()),
+                _ => None,
+            })
+        };
+        let attempts = headers
+            .inner()
+            .get(HEADER_ATTEMPT)
+            .and_then(|v| match v {
+                AMQPValue::LongInt(n) => Some(*n),
+                AMQPValue::LongLongInt(n) => i32::try_from(*n).ok(),
+                AMQPValue::ShortInt(n) => Some(i32::from(*n)),
+                AMQPValue::LongUInt(n) => i32::try_from(*n).ok(),
+                _ => None,
+            })
+            .unwrap_or(0)
+            // The attempt header counts retries; the deliveries are one more.
+            .saturating_add(1);
+        let parsed = serde_json::from_slice::<OrderMessage>(body).ok();
+        let event_id = match (&parsed, properties.message_id()) {
+            (Some(msg), _) => msg.request_id.to_string(),
+            (None, Some(id)) if !id.as_str().is_empty() => id.to_string(),
+            (None, _) => format!("sha256:{:x}", sha2::Sha256::digest(body)),
+        };
+        Self {
+            event_id,
+            user_id: parsed.as_ref().map(|m| m.user_id),
+            product_id: parsed.as_ref().map(|m| m.product_id),
+            body: body.to_vec(),
+            error_code: text(seckill_messaging::HEADER_ERROR_CODE)
+                .unwrap_or_else(|| "rejected".to_string()),
+            last_error: text(seckill_messaging::HEADER_ERROR_MESSAGE)
+                .unwrap_or_else(|| "rejected without a reason (see x-death)".to_string()),
+            attempts,
+        }
+    }
+}
+
+/// An audit row.
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+pub struct AuditEntry {
+    /// Its id.
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Who.
+    pub operator: String,
+    /// redrive, ignore or clear.
+    pub action: String,
+    /// Whether it only reported.
+    pub dry_run: bool,
+    /// The selection as given.
+    pub selection: serde_json::Value,
+    /// The entries it applied to.
+    pub event_ids: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_arrival_takes_its_id_from_the_body_or_a_digest() {
+        let msg = OrderMessage {
+            request_id: uuid::Uuid::now_v7(),
+            user_id: 7,
+            product_id: 9,
+            price_cents: 100,
+            created_at: Utc::now(),
+            bucket: None,
+        };
+        let body = serde_json::to_vec(&msg).unwrap();
+        let arrival = Arrival::from_message(&body, &BasicProperties::default());
+        assert_eq!(arrival.event_id, msg.request_id.to_string());
+        assert_eq!((arrival.user_id, arrival.product_id), (Some(7), Some(9)));
+        assert_eq!(arrival.error_code, "rejected");
+        assert_eq!(arrival.attempts, 1);
+
+        let garbage = Arrival::from_message(b"not json", &BasicProperties::default());
+        let again = Arrival::from_message(b"not json", &BasicProperties::default());
+        assert!(garbage.event_id.starts_with("sha256:"));
+        assert_eq!(
+            garbage.event_id, again.event_id,
+            "the same body, the same entry"
+        );
+        assert_eq!(garbage.user_id, None);
+    }
+}

@@ -1,0 +1,155 @@
+//! The parking lot in Postgres: recording dead letters, listing them, the audit trail,
+//! and clearing quarantines.
+
+use sqlx::PgPool;
+
+use super::entry::{Arrival, AuditEntry, Entry, Status};
+use super::selection::{MAX_SELECTION, ParkingError, Report, Selection};
+
+/// Records a dead letter (idempotent per event id) and returns the entry's status. An entry
+/// that was redriven and failed again is pending again, or quarantined once it has had
+/// `quarantine_after` redrives; an ignored or pending one stays as it is.
+pub async fn record(
+    db: &PgPool,
+    arrival: &Arrival,
+    quarantine_after: i32,
+) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO dead_letters \
+             (event_id, user_id, product_id, body, error_code, last_error, attempts) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (event_id) DO UPDATE SET \
+             error_code = EXCLUDED.error_code, last_error = EXCLUDED.last_error, \
+             attempts = EXCLUDED.attempts, body = EXCLUDED.body, last_attempt = now(), \
+             status = CASE WHEN dead_letters.status <> 'redriven' THEN dead_letters.status \
+                           WHEN dead_letters.redrives >= $8 THEN 'quarantined' \
+                           ELSE 'pending' END \
+         RETURNING status",
+    )
+    .bind(&arrival.event_id)
+    .bind(arrival.user_id)
+    .bind(arrival.product_id)
+    .bind(&arrival.body)
+    .bind(&arrival.error_code)
+    .bind(&arrival.last_error)
+    .bind(arrival.attempts)
+    .bind(quarantine_after)
+    .fetch_one(db)
+    .await
+}
+
+/// Entries matching `selection` (any status unless `status` is given), oldest first.
+pub async fn list(
+    db: &PgPool,
+    selection: &Selection,
+    status: Option<Status>,
+) -> Result<Vec<Entry>, sqlx::Error> {
+    sqlx::query_as::<_, Entry>(
+        "SELECT event_id, user_id, product_id, error_code, last_error, attempts, redrives, \
+                status, first_seen, last_attempt, operator, encode(body, 'escape') AS body \
+         FROM dead_letters \
+         WHERE ($1::text[] IS NULL OR event_id = ANY($1)) \
+           AND ($2::bigint IS NULL OR product_id = $2) \
+           AND ($3::timestamptz IS NULL OR first_seen >= $3) \
+           AND ($4::timestamptz IS NULL OR first_seen < $4) \
+           AND ($5::text IS NULL OR status = $5) \
+         ORDER BY first_seen, event_id LIMIT $6",
+    )
+    .bind(selection.ids())
+    .bind(selection.product_id)
+    .bind(selection.from)
+    .bind(selection.to)
+    .bind(status.map(Status::as_str))
+    .bind(selection.limit())
+    .fetch_all(db)
+    .await
+}
+
+/// The newest audit rows first.
+pub async fn audit_log(db: &PgPool, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    sqlx::query_as::<_, AuditEntry>(
+        "SELECT id, at, operator, action, dry_run, selection, event_ids \
+         FROM dead_letter_audit ORDER BY id DESC LIMIT $1",
+    )
+    .bind(limit.clamp(1, MAX_SELECTION))
+    .fetch_all(db)
+    .await
+}
+
+/// Writes an audit row of `action` on `event_ids`, in the caller's transaction.
+pub(super) async fn audit(
+    conn: &mut sqlx::PgConnection,
+    operator: &str,
+    action: &str,
+    selection: &Selection,
+    event_ids: &[String],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO dead_letter_audit (operator, action, dry_run, selection, event_ids) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(operator)
+    .bind(action)
+    .bind(selection.dry_run)
+    .bind(serde_json::to_value(selection).unwrap_or_default())
+    .bind(event_ids)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Ids of the entries in `statuses` matching `selection`, oldest first.
+pub(super) async fn select_ids(
+    db: &PgPool,
+    selection: &Selection,
+    statuses: &[&str],
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT event_id FROM dead_letters \
+         WHERE status = ANY($1) \
+           AND ($2::text[] IS NULL OR event_id = ANY($2)) \
+           AND ($3::bigint IS NULL OR product_id = $3) \
+           AND ($4::timestamptz IS NULL OR first_seen >= $4) \
+           AND ($5::timestamptz IS NULL OR first_seen < $5) \
+         ORDER BY first_seen, event_id LIMIT $6",
+    )
+    .bind(statuses)
+    .bind(selection.ids())
+    .bind(selection.product_id)
+    .bind(selection.from)
+    .bind(selection.to)
+    .bind(selection.limit())
+    .fetch_all(db)
+    .await
+}
+
+/// Releases quarantined entries of `selection`: pending again, redrive count reset.
+pub async fn clear(
+    db: &PgPool,
+    selection: &Selection,
+    operator: &str,
+) -> Result<Report, ParkingError> {
+    selection.check()?;
+    let ids = select_ids(db, selection, &["quarantined"]).await?;
+    let mut tx = db.begin().await?;
+    let cleared = if selection.dry_run {
+        ids
+    } else {
+        sqlx::query_scalar(
+            "UPDATE dead_letters SET status = 'pending', redrives = 0, operator = $2 \
+             WHERE event_id = ANY($1) AND status = 'quarantined' RETURNING event_id",
+        )
+        .bind(&ids)
+        .bind(operator)
+        .fetch_all(&mut *tx)
+        .await?
+    };
+    audit(&mut tx, operator, "clear", selection, &cleared).await?;
+    tx.commit().await?;
+    Ok(Report {
+        action: "clear".into(),
+        dry_run: selection.dry_run,
+        event_ids: cleared,
+        compensated: 0,
+    })
+}
