@@ -80,10 +80,10 @@ impl Application {
             topology: topology(&settings),
             prefetch: settings.prefetch,
             batch_size: settings.batch_size,
-            batch_linger: Duration::from_millis(settings.batch_linger_ms),
-            requeue_delay: Duration::from_millis(settings.requeue_delay_ms),
+            batch_linger: settings.batch_linger,
+            requeue_delay: settings.requeue_delay,
             retry: Arc::new(RetryPolicy::new(
-                settings.retry_tiers(),
+                settings.retry_tiers_ms(),
                 settings.max_attempts,
                 RetryBudget::new(
                     settings.retry_budget_ratio,
@@ -91,7 +91,7 @@ impl Application {
                 ),
             )),
             write: crate::orders::WriteOptions {
-                lock_timeout: Duration::from_millis(settings.lock_timeout_ms),
+                lock_timeout: settings.lock_timeout,
                 payment_window: settings.payment_window(),
             },
             breaker,
@@ -108,7 +108,7 @@ impl Application {
             db: consumer.db.clone(),
             redis: consumer.redis.clone(),
             keys: consumer.keys.clone(),
-            poll: Duration::from_millis(settings.compensation_poll_ms),
+            poll: settings.compensation_poll,
             batch: 100,
         };
         Ok(Self {
@@ -118,7 +118,7 @@ impl Application {
             consumer,
             recorder,
             compensator,
-            mode_poll: Duration::from_millis(settings.breaker_mode_poll_ms),
+            mode_poll: settings.breaker_mode_poll,
             cancel: CancellationToken::new(),
         })
     }
@@ -168,7 +168,7 @@ impl Application {
 /// The AMQP names and queue arguments this service declares and uses.
 fn topology(settings: &Settings) -> Topology {
     Topology::new(&settings.backend.namespace)
-        .with_retry_tiers(settings.retry_tiers())
+        .with_retry_tiers(settings.retry_tiers_ms())
         .with_queue_type(settings.backend.amqp_queue_type)
 }
 

@@ -164,8 +164,8 @@ async fn order_service_admin_routes_are_reachable_by_admins_only() {
 #[tokio::test]
 async fn an_unpaid_order_expires_and_its_unit_is_sold_to_another_buyer() {
     let platform = spawn_platform_with(|s| {
-        s.payment_window_secs = 2;
-        s.compensation_poll_ms = 100;
+        s.payment_window = Duration::from_secs(2);
+        s.compensation_poll = Duration::from_millis(100);
     })
     .await;
     let product = platform.create_product(1, -60).await;

@@ -19,7 +19,7 @@ use crate::helpers::{
 
 /// A platform whose compensation relay waits for the test.
 async fn platform() -> Platform {
-    spawn_platform_with(|s| s.compensation_poll_ms = 600_000).await
+    spawn_platform_with(|s| s.compensation_poll = Duration::from_secs(600)).await
 }
 
 /// Buys `product` as `user` and waits for the order; returns the order id.

@@ -10,7 +10,7 @@ use seckill_testkit::{TestNamespace, eventually, identity_headers};
 use crate::helpers::{TestApp, spawn_app_with};
 
 fn quick_mode_poll(settings: &mut order_service::Settings) {
-    settings.breaker_mode_poll_ms = 100;
+    settings.breaker_mode_poll = Duration::from_millis(100);
 }
 
 async fn breaker(app: &TestApp) -> Value {

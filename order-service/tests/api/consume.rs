@@ -138,7 +138,7 @@ async fn order_prices(app: &crate::helpers::TestApp, product: i64) -> Vec<i64> {
 #[tokio::test]
 async fn an_order_costs_the_products_price_whatever_price_its_message_carries() {
     let mut app = crate::helpers::spawn_app_with(seckill_testkit::TestNamespace::new(), |s| {
-        s.batch_linger_ms = 200;
+        s.batch_linger = Duration::from_millis(200);
     })
     .await;
     let product = app.product(10).await; // priced 500
@@ -160,7 +160,7 @@ async fn an_order_written_alone_after_its_batch_failed_costs_the_products_price_
     // A purchase of an unknown product in the batch sends every message of it down the
     // one-by-one path.
     let mut app = crate::helpers::spawn_app_with(seckill_testkit::TestNamespace::new(), |s| {
-        s.batch_linger_ms = 200;
+        s.batch_linger = Duration::from_millis(200);
     })
     .await;
     let product = app.product(10).await;

@@ -1,5 +1,7 @@
 //! `spawn_app()`: order-service on port 0 in a private namespace, plus a publisher.
 
+use std::time::Duration;
+
 use chrono::{Duration as ChronoDuration, Utc};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
@@ -33,7 +35,7 @@ pub async fn spawn_app_with(ns: TestNamespace, configure: impl FnOnce(&mut Setti
     let mut settings = Settings {
         backend: ns.backend_settings(),
         port: 0,
-        requeue_delay_ms: 100,
+        requeue_delay: Duration::from_millis(100),
         ..Settings::default()
     };
     configure(&mut settings);

@@ -36,9 +36,9 @@ async fn a_database_outage_opens_the_breaker_pauses_the_consumer_and_loses_nothi
         s.batch_size = BATCH;
         s.breaker_window_size = 10;
         s.breaker_minimum_calls = 3;
-        s.breaker_wait_open_ms = 1_000;
+        s.breaker_wait_open = Duration::from_secs(1);
         s.breaker_half_open_calls = 1;
-        s.requeue_delay_ms = 100;
+        s.requeue_delay = Duration::from_millis(100);
     })
     .await;
     let product = app.product(2_000).await;

@@ -381,7 +381,7 @@ async fn orders_by_state(app: &TestApp, product: i64) -> (i64, i64) {
 #[tokio::test]
 async fn ignoring_an_out_of_stock_dead_letter_releases_its_buyer_without_a_phantom_unit() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.compensation_poll_ms = 50;
+        s.compensation_poll = Duration::from_millis(50);
     })
     .await;
     // Redis sold two units, the database holds one: the second purchase is a dead letter.
@@ -459,7 +459,7 @@ async fn ignoring_an_out_of_stock_dead_letter_releases_its_buyer_without_a_phant
 #[tokio::test]
 async fn a_copy_arriving_after_its_dead_letter_was_ignored_does_not_resell_the_returned_unit() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.compensation_poll_ms = 50;
+        s.compensation_poll = Duration::from_millis(50);
     })
     .await;
     // One unit, sold in Redis to user 7, whose purchase ran out of retries (its copy is
@@ -496,7 +496,7 @@ async fn a_copy_arriving_after_its_dead_letter_was_ignored_does_not_resell_the_r
 #[tokio::test]
 async fn a_given_up_purchase_whose_sweep_never_settled_releases_its_buyer() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.compensation_poll_ms = 50;
+        s.compensation_poll = Duration::from_millis(50);
     })
     .await;
     // User 8 bought the last unit through a sweep whose settle answer was lost: the home

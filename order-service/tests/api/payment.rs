@@ -38,7 +38,7 @@ async fn assert_error(response: reqwest::Response, status: u16, code: &str) {
 #[tokio::test]
 async fn a_buyer_pays_or_cancels_only_their_own_unpaid_order() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.compensation_poll_ms = 50;
+        s.compensation_poll = Duration::from_millis(50);
     })
     .await;
     let product = app.product(5).await;
@@ -112,8 +112,8 @@ async fn a_buyer_pays_or_cancels_only_their_own_unpaid_order() {
 #[tokio::test]
 async fn an_unpaid_order_is_cancelled_after_the_payment_window() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.payment_window_secs = 1;
-        s.compensation_poll_ms = 50;
+        s.payment_window = Duration::from_secs(1);
+        s.compensation_poll = Duration::from_millis(50);
     })
     .await;
     let product = app.product(2).await;

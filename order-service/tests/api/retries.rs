@@ -8,9 +8,9 @@ use seckill_testkit::{TestNamespace, eventually};
 use crate::helpers::{TestApp, spawn_app_with};
 
 fn quick_retries(settings: &mut order_service::Settings) {
-    settings.retry_tiers_ms = "100,200".into();
+    settings.retry_tiers = vec![Duration::from_millis(100), Duration::from_millis(200)];
     settings.max_attempts = 3;
-    settings.lock_timeout_ms = 150;
+    settings.lock_timeout = Duration::from_millis(150);
 }
 
 /// Holds the product's row lock in a transaction of its own until dropped or committed.
@@ -60,7 +60,7 @@ async fn a_message_stuck_behind_a_lock_is_retried_and_then_dead_lettered_with_it
 async fn a_lock_released_within_the_retries_ends_in_exactly_one_order() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
         quick_retries(s);
-        s.retry_tiers_ms = "300,300".into();
+        s.retry_tiers = vec![Duration::from_millis(300); 2];
         s.max_attempts = 10;
     })
     .await;
@@ -102,7 +102,7 @@ async fn retried_then_ordered(
 async fn a_publisher_channel_closed_under_the_consumer_is_reopened_and_retries_resume() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
         quick_retries(s);
-        s.retry_tiers_ms = "1000,1000".into();
+        s.retry_tiers = vec![Duration::from_secs(1); 2];
         s.max_attempts = 10;
     })
     .await;
@@ -127,9 +127,9 @@ async fn an_order_whose_result_cannot_be_written_is_retried_then_acked_not_reque
     // Redis is unreachable for this replica: every result write fails.
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
         s.backend.redis_url = seckill_config::Secret::new("redis://127.0.0.1:1");
-        s.retry_tiers_ms = "50".into();
+        s.retry_tiers = vec![Duration::from_millis(50)];
         s.max_attempts = 2;
-        s.requeue_delay_ms = 50;
+        s.requeue_delay = Duration::from_millis(50);
     })
     .await;
     let product = app.product(5).await;
@@ -157,7 +157,7 @@ async fn an_order_whose_result_cannot_be_written_is_retried_then_acked_not_reque
 async fn a_retry_no_queue_takes_is_a_failed_publish_and_the_message_is_kept() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
         quick_retries(s);
-        s.retry_tiers_ms = "100".into();
+        s.retry_tiers = vec![Duration::from_millis(100)];
         s.max_attempts = 10;
     })
     .await;

@@ -53,7 +53,7 @@ async fn spawn_orders(ns: &TestNamespace, amqp_url: &str) -> Running {
     let app = order_service::Application::build(order_service::Settings {
         backend,
         port: 0,
-        requeue_delay_ms: 100,
+        requeue_delay: Duration::from_millis(100),
         ..order_service::Settings::default()
     })
     .await
