@@ -1,7 +1,7 @@
 //! The Redis stock ledger: what every key and field of a product's buckets means, the Lua
 //! scripts that change them (each `.lua` file here, its header stating KEYS, ARGV and return
 //! codes), and typed calls to them. seckill-api sells through [`Ledger`]; order-service's
-//! compensation relay gives units back through [`give_back`]. No other code writes these keys.
+//! compensation relay gives units back through [`give_back()`]. No other code writes these keys.
 //!
 //! # Layout of a bucket
 //! A product's stock is split into N buckets (`products.stock_buckets`), each a few keys with
@@ -95,18 +95,22 @@
 //! Layout:
 //! - [`handle`] — the [`Ledger`] handle and [`LedgerError`].
 //! - [`marker`] — buyer markers and sweep reservations.
-//! - [`sale`] — the purchase and the sweep: `purchase`, `reserve`, `take`, `close`, `sold_out`.
+//! - [`sale`] — the purchase on the home bucket and the sold-out flag: `purchase`, `sold_out`.
+//! - [`sweep`] — a dry home bucket's sweep: `reserve`, `take`, `close`.
 //! - [`load`] — loading and lifetimes: `load`, `window`, `extend`, `unlock`, and reads.
-//! - [`give_back`] — compensation: `release`, `restock`, `reopen`.
+//! - [`compensation`] — giving a given-up purchase back ([`give_back()`]): `release`,
+//!   `restock`, `reopen`.
 
-pub mod give_back;
+pub mod compensation;
 pub mod handle;
 pub mod load;
 pub mod marker;
 pub mod sale;
+pub mod sweep;
 
-pub use give_back::{GiveUp, Restocked, give_back};
+pub use compensation::{GiveUp, Restocked, give_back};
 pub use handle::{Ledger, LedgerError};
 pub use load::{BucketLoad, HeldUnit, Window};
 pub use marker::{Holding, Reservation, names};
-pub use sale::{HomeAnswer, Purchase, ReservationEnd, TakeAnswer};
+pub use sale::{HomeAnswer, Purchase};
+pub use sweep::{ReservationEnd, TakeAnswer};

@@ -1,6 +1,6 @@
 //! Giving a given-up purchase back (see [`crate::ledger`]'s "Where a unit belongs" and
 //! "Versions"): `release.lua`, `restock.lua`, `reopen.lua`. order-service's compensation relay
-//! calls [`give_back`].
+//! calls [`give_back()`].
 
 use redis::Script;
 
