@@ -494,7 +494,7 @@ impl EvalSha {
     async fn prepare(ns: &TestNamespace, redis: &mut RedisConn) -> anyhow::Result<Self> {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(include_str!("../src/stock/purchase.lua"))
+            .arg(include_str!("../../crates/store/src/ledger/purchase.lua"))
             .query_async(redis)
             .await?;
         let now = chrono::Utc::now();

@@ -54,6 +54,15 @@ impl From<redis::RedisError> for ApiError {
     }
 }
 
+impl From<seckill_store::ledger::LedgerError> for ApiError {
+    fn from(e: seckill_store::ledger::LedgerError) -> Self {
+        match e {
+            seckill_store::ledger::LedgerError::Redis(e) => e.into(),
+            unknown => Self::Internal(anyhow::anyhow!("{unknown}")),
+        }
+    }
+}
+
 impl ApiError {
     /// Status, stable code and client-facing message. Causes of 5xx stay in the logs.
     pub fn parts(&self) -> (StatusCode, &'static str, String) {

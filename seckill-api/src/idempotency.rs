@@ -219,7 +219,7 @@ impl Idempotency {
     }
 
     /// Gives up the ticket's lease after a transient failure, naming the purchase that may
-    /// have run (the ticket's own, or an earlier one still unsettled), so a retry takes the
+    /// have run (the ticket's own, or an earlier one still undecided), so a retry takes the
     /// key over at once and finds that purchase if it was accepted.
     pub async fn release(
         &self,

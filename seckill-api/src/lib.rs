@@ -15,7 +15,8 @@
 //! - [`catalog`] — products in Postgres behind a bloom filter ([`bloom`]), a Moka L1 cache
 //!   and a Redis null cache ([`null_cache`]); [`catalog_sync`] applies product changes
 //!   announced by Postgres `NOTIFY` on every replica.
-//! - [`stock`] — the Redis stock engine: sharded buckets, sweeps, lazy loading under a lock.
+//! - [`stock`] — the stock engine on `seckill_store::ledger` (the Redis buckets and their
+//!   scripts): the purchase, sweeps, abandoned reservations, lazy loading under a lock.
 //! - [`publisher`] — the handlers' confirmed publishing of accepted purchases.
 //! - [`relay`] — the outbox → RabbitMQ relay (the safety net behind the handlers).
 //! - [`idempotency`] — `Idempotency-Key` replays.

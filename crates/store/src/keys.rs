@@ -5,6 +5,7 @@
 //! stays inside one Redis Cluster slot, and buckets of one product spread over the cluster.
 //! Product-wide keys (load lock, sold-out state, null cache) use the tag `{p<id>}`. The
 //! namespace prefix lets tests (and tenants) share one Redis without touching each other.
+//! What each key of the stock ledger holds, field by field, is defined in [`crate::ledger`].
 
 /// Builds the keys of one namespace.
 #[derive(Debug, Clone)]
@@ -28,18 +29,20 @@ impl RedisKeys {
         format!("{}:{{p{}.b{}}}:{}", self.ns, product_id, bucket, suffix)
     }
 
-    /// Hash `remaining`, `share`, `start_ms`, `end_ms`: the units this bucket can still sell.
-    /// Its existence means "this bucket is loaded".
+    /// Hash `remaining`, `loaded_units`, `v`, `start_ms`, `end_ms`, `expire_at`: the units
+    /// this bucket can still sell. Its existence means "this bucket is loaded".
     pub fn stock(&self, product_id: i64, bucket: u16) -> String {
         self.bucket(product_id, bucket, "stock")
     }
 
-    /// Hash user id → purchase marker, for the users whose home is this bucket.
+    /// Hash user id → purchase marker (see [`crate::ledger`]), for the users whose home is
+    /// this bucket.
     pub fn buyers(&self, product_id: i64, bucket: u16) -> String {
         self.bucket(product_id, bucket, "buyers")
     }
 
-    /// Hash user id → request id, for units this bucket gave to users homed elsewhere.
+    /// Hash user id → `<reservation ms>:<request id>`, for units this bucket gave to users
+    /// homed elsewhere.
     pub fn takers(&self, product_id: i64, bucket: u16) -> String {
         self.bucket(product_id, bucket, "takers")
     }
@@ -66,7 +69,7 @@ impl RedisKeys {
         self.results(product_id, home_bucket(user_id, buckets))
     }
 
-    /// Hash `gen` (bumped whenever units go back on sale) and `sold_out`.
+    /// Hash `gen` (bumped whenever units go back on sale), `sold_out` and `loaded`.
     pub fn product_state(&self, product_id: i64) -> String {
         self.product(product_id, "state")
     }

@@ -4,9 +4,11 @@
 //! Layout:
 //! - [`postgres`] — connect with retry, create the configured database, run migrations.
 //! - [`keys`] — every Redis key, namespaced, with one hash tag per product.
-//! - [`ledger`] — what buyer markers say, and how a given-up purchase goes back into Redis.
+//! - [`ledger`] — the Redis stock ledger: what every bucket key and marker means, every Lua
+//!   script that changes them, and a typed [`ledger::Ledger`] handle on them.
 //! - [`result`] — the buyer-visible purchase result as stored in Redis.
 //! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster.
+//! - [`probes`] — readiness checks of the stores.
 
 pub mod keys;
 pub mod ledger;

@@ -124,7 +124,7 @@ async fn take_over(
                 // and the earlier purchase is still the one to look for.
                 Ok(Holding::Reserved) => (
                     Err(ApiError::Unavailable(
-                        "an earlier request with this key is still being settled".into(),
+                        "an earlier request with this key is still being decided".into(),
                     )),
                     earlier,
                 ),

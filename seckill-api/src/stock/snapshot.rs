@@ -6,7 +6,6 @@ use uuid::Uuid;
 use seckill_messaging::OrderMessage;
 use seckill_store::{PurchaseResult, home_bucket};
 
-use super::share;
 use crate::catalog::Product;
 use crate::error::ApiError;
 
@@ -125,4 +124,10 @@ impl Snapshot {
             .iter()
             .filter(move |h| home_bucket(h.user_id, self.buckets) == bucket)
     }
+}
+
+/// Bucket `bucket`'s share of `remaining` units over `buckets` buckets: as even as possible.
+pub fn share(remaining: i64, buckets: u16, bucket: u16) -> i64 {
+    let n = i64::from(buckets.max(1));
+    remaining / n + i64::from(i64::from(bucket) < remaining % n)
 }

@@ -1,8 +1,14 @@
 //! The share arithmetic, and loads meeting compensations (real Redis and Postgres).
 
-use seckill_testkit::TestNamespace;
+use std::time::Duration;
 
+use seckill_store::Redis;
+use seckill_testkit::TestNamespace;
+use uuid::Uuid;
+
+use super::snapshot::Snapshot;
 use super::*;
+use crate::catalog::Product;
 
 #[test]
 fn shares_add_up_and_never_grow_when_remaining_shrinks() {
@@ -87,7 +93,7 @@ async fn relay_compensations(engine: &StockEngine) {
     let compensator = order_service::compensation::Compensator {
         db: engine.db.clone(),
         redis: engine.redis.clone(),
-        keys: engine.keys.clone(),
+        keys: engine.ledger.keys().clone(),
         poll: Duration::from_millis(50),
         batch: 10,
     };

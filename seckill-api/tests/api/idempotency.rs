@@ -220,7 +220,7 @@ async fn a_request_whose_lease_passed_cannot_touch_the_claim_that_took_over() {
 }
 
 #[tokio::test]
-async fn a_retry_while_the_earlier_sweep_is_unsettled_keeps_nothing_and_looks_again() {
+async fn a_retry_while_the_earlier_sweep_is_still_open_keeps_nothing_and_looks_again() {
     let app = spawn_app().await;
     let product = app.create_product(5).await;
     assert_eq!(app.purchase(product, 9).await.status(), 202, "load");
@@ -264,7 +264,7 @@ async fn a_retry_while_the_earlier_sweep_is_unsettled_keeps_nothing_and_looks_ag
         .arg(format!("t0:{earlier}"))
         .query_async(&mut redis)
         .await
-        .expect("settled marker");
+        .expect("closed marker");
     let retry = buy_with_key(&app, product, 8, "click-1").await;
     assert_eq!(retry.status(), 202);
     let retry: Value = retry.json().await.expect("json");

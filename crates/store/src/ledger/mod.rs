@@ -1,14 +1,79 @@
-//! The stock ledger's shared rules: what a buyer's marker says, and how a given-up purchase
-//! goes back into Redis (order-service's compensation relay calls [`give_back`]).
+//! The Redis stock ledger: what every key and field of a product's buckets means, the Lua
+//! scripts that change them (each `.lua` file here, its header stating KEYS, ARGV and return
+//! codes), and typed calls to them. seckill-api sells through [`Ledger`]; order-service's
+//! compensation relay gives units back through [`give_back()`]. No other code writes these keys.
+//!
+//! # Layout of a bucket
+//! A product's stock is split into N buckets (`products.stock_buckets`), each a few keys with
+//! its own hash tag (see [`crate::keys`]), so one product's load spreads over a Redis Cluster
+//! and no script ever touches two slots. Every buyer has a **home bucket**
+//! ([`crate::home_bucket`]), which holds their marker and their result. That is what keeps
+//! "one unit per user" exact: whichever bucket the unit comes from, the decision that this
+//! user may buy is made in one place.
+//! - `stock` hash: `remaining` (units still on sale), `loaded_units` (what the load put in),
+//!   `v` (the ledger version the load read), `start_ms`/`end_ms` (the sale window, judged by
+//!   Redis' clock), `expire_at` (unix ms at which the bucket's keys expire). Its existence
+//!   means "this bucket is loaded".
+//! - `buyers` hash: user id → marker (below), for the users homed here.
+//! - `takers` hash: user id → `<reservation ms>:<request id>`, for units this bucket gave to
+//!   a sweep of a user homed elsewhere, so the unit is found again if the sweep dies.
+//! - `outbox` stream: entries `request_id`, `payload` (the order message), `http_request_id`
+//!   of accepted purchases not yet confirmed by RabbitMQ. It never expires.
+//! - `results` hash: user id → [`crate::PurchaseResult`] text, for the users homed here.
+//! - `returns` hash: event id → ledger version of given-up purchases whose unit came back here.
+//! - the product's `state` hash: `gen` (bumped whenever units go back on sale), `sold_out`
+//!   (the flag that keeps late requests off Lua), `loaded` (every bucket was loaded once).
+//! - the product's `load-lock`: a random token, `SET NX PX`, released by compare-and-delete.
 //!
 //! # Markers
 //! A buyer's home bucket holds one marker per buyer (`buyers` hash), and every marker names
-//! the purchase it stands for, so that whatever clears it can tell it from a newer one:
-//! - `h:<request id>` bought from the home bucket;
-//! - `t<bucket>:<request id>` bought from another bucket by a sweep;
-//! - `r:<ms>:<request id>` a sweep in progress reserved it at `<ms>` (Redis' clock);
-//! - `o:<request id>` written by a load from Postgres: a live order, or a dead letter still
-//!   held for its buyer.
+//! the purchase it stands for, so that whatever clears it can tell it from a newer one
+//! ([`marker`] reads and writes them; the scripts write the same shapes):
+//! - `h:<request id>` bought from the home bucket (`purchase.lua`);
+//! - `t<bucket>:<request id>` bought from another bucket by a sweep (`close.lua`);
+//! - `r:<ms>:<request id>` a sweep in progress reserved it at `<ms>` (Redis' clock,
+//!   `reserve.lua`);
+//! - `o:<request id>` written by a load from Postgres (`load.lua`): a live order, or a dead
+//!   letter still held for its buyer.
+//!
+//! # The purchase
+//! 1. `purchase.lua` on the home bucket: window, marker, and if the home bucket has a unit,
+//!    deduct + marker + outbox entry + result, atomically. This is the whole hot path.
+//! 2. If the home bucket is dry, a **sweep**: read the product's sold-out flag (and its
+//!    generation), reserve the marker in the home bucket (`reserve.lua`), then visit every
+//!    bucket (from a random start, so sweeping buyers do not pile onto one donor) with
+//!    `take.lua`, which deducts one unit and writes the outbox entry in *that* bucket's slot.
+//!    The first unit found is the buyer's; `close.lua` closes the reservation, turning it
+//!    into a marker that says where the unit came from. If every bucket was dry, it closes
+//!    the reservation empty (the marker goes), `sold_out.lua` raises the flag (unless the
+//!    generation moved) and the answer is sold out.
+//!
+//! Why this and not moving stock between buckets: a transfer takes units out of one slot
+//! and puts them into another in two steps, so a crash or a concurrent sweep can strand
+//! units in transit and turn a buyer away while stock exists. A sweep never moves stock:
+//! a unit leaves a bucket only inside the script that also writes its outbox entry. Units
+//! only decrease during a sale, so a sweep that found every bucket dry proves the product
+//! was sold out when it finished: **no buyer hears `sold_out` while a bucket holds stock**.
+//! (A unit put back by a cancellation is bumped through the generation, see
+//! `sold_out.lua`.) The price is a few extra round trips for buyers whose home ran dry,
+//! which only happens near the end of a sale; the flags then keep late requests off Lua.
+//!
+//! # Abandoned reservations
+//! A replica can die between reserving and closing. `take.lua` refuses a reservation older
+//! than the sweep fence (Redis' clock), so once a reservation is older than the fence plus
+//! a clock-skew margin, no sweep can still take a unit for it. The next purchase by that
+//! user then finds the marker stale (`purchase.lua` says so), looks for a unit taken under
+//! that reservation in every bucket's `takers` hash, and either closes the reservation into
+//! the marker of that unit (the user holds a unit: 409) or closes it empty and buys normally.
+//!
+//! # Loading
+//! Stock is not preloaded. A purchase that finds its bucket missing takes the product's load
+//! lock, reads one Postgres snapshot (the product's ledger version and every purchase holding
+//! a unit: live orders, and dead letters not given up), and fills each missing bucket with
+//! `load.lua`, which refuses to overwrite a loaded one, then releases the lock (`unlock.lua`).
+//! Bucket keys expire after the sale ends plus a random spread (no expiry storm); their expiry
+//! only ever moves later (`window.lua`), and the product's state hash lives no shorter than
+//! its buckets (`extend.lua`): an expired `gen` restarts from nothing.
 //!
 //! # Where a unit belongs
 //! A purchase takes its unit from one bucket (its *origin*: the home bucket, or the bucket a
@@ -26,157 +91,26 @@
 //! that, and when the bucket is not loaded it leaves the event in the bucket's returns hash,
 //! where the load adds the units newer than its own snapshot. A unit is thus counted once
 //! whichever comes first, the load or the compensation.
+//!
+//! Layout:
+//! - [`handle`] — the [`Ledger`] handle and [`LedgerError`].
+//! - [`marker`] — buyer markers and sweep reservations.
+//! - [`sale`] — the purchase on the home bucket and the sold-out flag: `purchase`, `sold_out`.
+//! - [`sweep`] — a dry home bucket's sweep: `reserve`, `take`, `close`.
+//! - [`load`] — loading and lifetimes: `load`, `window`, `extend`, `unlock`, and reads.
+//! - [`compensation`] — giving a given-up purchase back ([`give_back()`]): `release`,
+//!   `restock`, `reopen`.
 
-use redis::Script;
+pub mod compensation;
+pub mod handle;
+pub mod load;
+pub mod marker;
+pub mod sale;
+pub mod sweep;
 
-use crate::{Redis, RedisKeys, home_bucket};
-
-/// Whether a buyer's `marker` stands for purchase `request_id`.
-pub fn names(marker: &str, request_id: impl std::fmt::Display) -> bool {
-    marker
-        .rsplit_once(':')
-        .is_some_and(|(_, id)| id == request_id.to_string())
-}
-
-/// How long a returns hash lives when its bucket is not loaded: far beyond any load.
-const UNLOADED_RETURNS_TTL_MS: u64 = 3_600_000;
-
-/// A purchase given up in Postgres, to be undone in Redis.
-#[derive(Debug, Clone)]
-pub struct GiveUp<'a> {
-    /// The product.
-    pub product_id: i64,
-    /// The product's bucket count.
-    pub buckets: u16,
-    /// The buyer.
-    pub user_id: i64,
-    /// The purchase's request id.
-    pub event_id: &'a str,
-    /// Its order, if it became one (a dead letter given up never did).
-    pub order_id: Option<i64>,
-    /// The bucket its unit came from; `None`: the buyer's home bucket.
-    pub origin: Option<u16>,
-    /// The ledger version its give-up committed as; `None` (older rows): newer than any load.
-    pub version: Option<i64>,
-    /// Whether its unit goes back on sale (false: the unit never existed in the database).
-    pub restock: bool,
-    /// What the buyer's result becomes, e.g. `failed:cancelled`.
-    pub result: &'a str,
-}
-
-/// What [`give_back`] did with the unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Restocked {
-    /// Back on sale now.
-    Returned,
-    /// Its bucket is not loaded; the next load counts it.
-    Deferred,
-    /// The bucket's load had already counted it.
-    CountedByLoad,
-    /// An earlier run already handled it.
-    AlreadyReturned,
-    /// No unit goes back (the buyer is only released).
-    NotRestocked,
-}
-
-impl Restocked {
-    /// snake_case, for logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Returned => "returned",
-            Self::Deferred => "bucket_not_loaded",
-            Self::CountedByLoad => "counted_by_load",
-            Self::AlreadyReturned => "already_returned",
-            Self::NotRestocked => "buyer_released",
-        }
-    }
-}
-
-/// Undoes a given-up purchase in Redis: releases its buyer in their home bucket, puts its
-/// unit back into its origin bucket (once, see the module docs), and reopens the product
-/// (bumps its generation, lowers the sold-out flag). Each step is safe to repeat, so a
-/// caller that failed half-way simply runs it again.
-pub async fn give_back(
-    redis: &Redis,
-    keys: &RedisKeys,
-    g: &GiveUp<'_>,
-) -> Result<Restocked, redis::RedisError> {
-    let id = g.product_id;
-    let home = home_bucket(g.user_id, g.buckets);
-    let mut conn = redis.get().await?;
-    let _: i64 = scripts()
-        .release
-        .key(keys.buyers(id, home))
-        .key(keys.results(id, home))
-        .arg(g.user_id)
-        .arg(g.event_id)
-        .arg(g.result)
-        .arg(g.order_id.map(|o| o.to_string()).unwrap_or_default())
-        .invoke_async(&mut conn)
-        .await?;
-    if !g.restock {
-        return Ok(Restocked::NotRestocked);
-    }
-    let origin = g.origin.filter(|&b| b < g.buckets).unwrap_or(home);
-    let outcome: i64 = scripts()
-        .restock
-        .key(keys.stock(id, origin))
-        .key(keys.returns(id, origin))
-        .arg(g.event_id)
-        .arg(g.version.unwrap_or(i64::MAX))
-        .arg(UNLOADED_RETURNS_TTL_MS)
-        .invoke_async(&mut conn)
-        .await?;
-    // Units are on sale again: a sweep that started before must not raise the sold-out flag
-    // over them (seckill-api's sold_out.lua compares the generation), and a raised flag comes
-    // down. Done even when the unit was handled before, in case that run died right here.
-    let _: i64 = scripts()
-        .reopen
-        .key(keys.product_state(id))
-        .invoke_async(&mut conn)
-        .await?;
-    Ok(match outcome {
-        1 => Restocked::Returned,
-        2 => Restocked::Deferred,
-        3 => Restocked::CountedByLoad,
-        _ => Restocked::AlreadyReturned,
-    })
-}
-
-struct Scripts {
-    release: Script,
-    restock: Script,
-    reopen: Script,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        release: Script::new(include_str!("release.lua")),
-        restock: Script::new(include_str!("restock.lua")),
-        reopen: Script::new(include_str!("reopen.lua")),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_kind_of_marker_names_its_purchase_and_no_other() {
-        let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
-        for marker in [
-            format!("h:{id}"),
-            format!("t12:{id}"),
-            format!("o:{id}"),
-            format!("r:1732500000000:{id}"),
-        ] {
-            assert!(names(&marker, id), "{marker}");
-            assert!(
-                !names(&marker, "0190a1b2-0000-7e5f-8a9b-0c1d2e3f4a5b"),
-                "{marker}"
-            );
-        }
-        assert!(!names("o", id), "an old marker that names nothing");
-    }
-}
+pub use compensation::{GiveUp, Restocked, give_back};
+pub use handle::{Ledger, LedgerError};
+pub use load::{BucketLoad, HeldUnit, Window};
+pub use marker::{Holding, Reservation, names};
+pub use sale::{HomeAnswer, Purchase};
+pub use sweep::{ReservationEnd, TakeAnswer};

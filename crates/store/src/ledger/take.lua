@@ -2,7 +2,7 @@
 --
 -- KEYS[1] stock hash of this bucket
 -- KEYS[2] takers hash (user id -> <reservation ms>:<request id>), to find the unit again
---         if the sweeping replica dies before settling its reservation
+--         if the sweeping replica dies before closing its reservation
 -- KEYS[3] outbox stream of this bucket
 -- ARGV[1] user id, ARGV[2] request id, ARGV[3] order message JSON, ARGV[4] HTTP request id
 -- ARGV[5] the reservation time (ms, from reserve.lua), ARGV[6] fence ms

@@ -3,7 +3,7 @@
 -- The marker `r:<now>:<request id>` keeps "one unit per user" while the unit is taken from another
 -- bucket (in another slot, so not in this script). take.lua refuses a reservation older than
 -- the fence, so once a reservation is older than fence + clock-skew margin, no sweep can
--- still take a unit for it and it can be resolved safely (see mod.rs).
+-- still take a unit for it and it can be resolved safely (see seckill_store::ledger).
 -- KEYS[1] buyers hash of the home bucket
 -- KEYS[2] stock hash of the home bucket (for its expire_at)
 -- ARGV[1] user id, ARGV[2] request id
