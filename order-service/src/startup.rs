@@ -43,7 +43,7 @@ impl Application {
         let db = seckill_store::postgres::connect_and_migrate(
             settings.backend.database_url.expose(),
             settings.db_pool_size,
-            Duration::from_secs(settings.backend.startup_patience_secs),
+            settings.backend.startup_patience,
         )
         .await?;
         let redis = seckill_store::Redis::new(

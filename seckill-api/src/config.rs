@@ -1,5 +1,7 @@
 //! seckill-api settings: `SECKILL_*` shared with the other services, `SECKILL_API_*` its own.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use seckill_config::{BackendSettings, Validate};
@@ -18,11 +20,17 @@ pub struct Settings {
     /// Postgres connections in the pool.
     pub db_pool_size: u32,
     /// Lazy-load lock lifetime; shorter than a request's deadline so a dead loader frees it.
-    pub load_lock_ttl_ms: u64,
+    #[serde(rename = "load_lock_ttl_ms", with = "seckill_config::formats::millis")]
+    pub load_lock_ttl: Duration,
     /// How long a request waits for another replica's load before answering 503.
-    pub load_wait_ms: u64,
+    #[serde(rename = "load_wait_ms", with = "seckill_config::formats::millis")]
+    pub load_wait: Duration,
     /// Product metadata L1 cache lifetime (randomised ±20 % per entry).
-    pub product_cache_ttl_secs: u64,
+    #[serde(
+        rename = "product_cache_ttl_secs",
+        with = "seckill_config::formats::secs"
+    )]
+    pub product_cache_ttl: Duration,
     /// Product ids the bloom filter is sized for; past this its false-positive rate climbs,
     /// so a rebuild sizes it for twice the products found (and logs a warning).
     pub bloom_expected_products: usize,
@@ -31,19 +39,28 @@ pub struct Settings {
     /// How long Redis remembers "no such product" for an id the bloom filter let through
     /// (randomised ±20 %); also how long such an id may stay 404 after being created elsewhere
     /// than through this API.
-    pub null_cache_ttl_ms: u64,
+    #[serde(rename = "null_cache_ttl_ms", with = "seckill_config::formats::millis")]
+    pub null_cache_ttl: Duration,
     /// Outbox entries the relay reads and publishes per round.
     pub relay_batch: usize,
     /// Outbox entries pending this long are the relay's to publish: taken over from a replica
     /// that died, or (with `publish_on_accept`) left behind by a handler whose publish failed.
     /// Must exceed `publish_timeout_ms`, or the relay races the handlers.
-    pub relay_reclaim_idle_ms: u64,
+    #[serde(
+        rename = "relay_reclaim_idle_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub relay_reclaim_idle: Duration,
     /// Whether the purchase handler publishes the order message itself and answers `202`
     /// once RabbitMQ confirmed it (else the relay publishes everything, after the answer).
     pub publish_on_accept: bool,
     /// Longest a purchase waits for a channel and the broker's confirm before it answers
     /// `202` on the strength of the outbox alone (below 6000: see `stock::fence`).
-    pub publish_timeout_ms: u64,
+    #[serde(
+        rename = "publish_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub publish_timeout: Duration,
     /// Channels the handlers' messages are published on, each by a worker that publishes
     /// whatever waits for it as one batch (see `crate::publisher`).
     pub publish_channels: usize,
@@ -63,17 +80,30 @@ pub struct Settings {
     pub redis_wait_aof: bool,
     /// Longest such a wait (1-1000): the connection it runs on carries nothing else
     /// meanwhile.
-    pub redis_wait_timeout_ms: u64,
+    #[serde(
+        rename = "redis_wait_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub redis_wait_timeout: Duration,
     /// Buckets a new product's stock is split into unless its creation names a count.
     pub stock_buckets: i16,
     /// How long after its reservation a sweep may still take a unit from another bucket.
-    pub sweep_fence_ms: u64,
+    #[serde(rename = "sweep_fence_ms", with = "seckill_config::formats::millis")]
+    pub sweep_fence: Duration,
     /// Added to the fence before an abandoned reservation is resolved: covers clock skew
     /// between Redis Cluster nodes.
-    pub sweep_skew_margin_ms: u64,
+    #[serde(
+        rename = "sweep_skew_margin_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub sweep_skew_margin: Duration,
     /// How long this replica answers 410 from memory after seeing a product sold out. A
     /// unit put back (cancellation) is on sale again everywhere after at most this long.
-    pub sold_out_local_ttl_ms: u64,
+    #[serde(
+        rename = "sold_out_local_ttl_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub sold_out_local_ttl: Duration,
 }
 
 impl Default for Settings {
@@ -83,26 +113,26 @@ impl Default for Settings {
             port: 8081,
             redis_pool_size: 64,
             db_pool_size: 10,
-            load_lock_ttl_ms: 3_000,
-            load_wait_ms: 5_000,
-            product_cache_ttl_secs: 30,
+            load_lock_ttl: Duration::from_millis(3_000),
+            load_wait: Duration::from_millis(5_000),
+            product_cache_ttl: Duration::from_secs(30),
             bloom_expected_products: 1_000_000,
             bloom_fp_rate: 0.001,
-            null_cache_ttl_ms: 30_000,
+            null_cache_ttl: Duration::from_millis(30_000),
             relay_batch: 256,
-            relay_reclaim_idle_ms: 5_000,
+            relay_reclaim_idle: Duration::from_millis(5_000),
             publish_on_accept: true,
-            publish_timeout_ms: 1_000,
+            publish_timeout: Duration::from_millis(1_000),
             publish_channels: 4,
             amqp_management_url: String::new(),
             require_durable_redis: false,
             redis_wait_replicas: 0,
             redis_wait_aof: false,
-            redis_wait_timeout_ms: 100,
+            redis_wait_timeout: Duration::from_millis(100),
             stock_buckets: 16,
-            sweep_fence_ms: 5_000,
-            sweep_skew_margin_ms: 10_000,
-            sold_out_local_ttl_ms: 500,
+            sweep_fence: Duration::from_millis(5_000),
+            sweep_skew_margin: Duration::from_millis(10_000),
+            sold_out_local_ttl: Duration::from_millis(500),
         }
     }
 }
@@ -110,10 +140,10 @@ impl Default for Settings {
 impl Settings {
     /// The copies an accepted purchase's write waits for, if any are asked for.
     pub fn redis_wait(&self) -> Option<seckill_store::WaitFor> {
-        (self.redis_wait_replicas > 0 || self.redis_wait_aof).then(|| seckill_store::WaitFor {
+        (self.redis_wait_replicas > 0 || self.redis_wait_aof).then_some(seckill_store::WaitFor {
             replicas: self.redis_wait_replicas,
             local_aof: self.redis_wait_aof,
-            timeout: std::time::Duration::from_millis(self.redis_wait_timeout_ms),
+            timeout: self.redis_wait_timeout,
         })
     }
 }
@@ -124,11 +154,11 @@ impl Validate for Settings {
         if self.redis_pool_size == 0 || self.db_pool_size == 0 || self.relay_batch == 0 {
             return Err("pool sizes and relay_batch must be positive".into());
         }
-        if self.publish_on_accept && self.relay_reclaim_idle_ms <= self.publish_timeout_ms {
+        if self.publish_on_accept && self.relay_reclaim_idle <= self.publish_timeout {
             return Err("relay_reclaim_idle_ms must exceed publish_timeout_ms".into());
         }
         // A fence waits this long for publishes begun before Redis lost a ledger.
-        if self.publish_timeout_ms >= crate::stock::fence::STATS_INTERVAL.as_millis() as u64 {
+        if self.publish_timeout >= crate::stock::fence::STATS_INTERVAL {
             return Err("publish_timeout_ms must stay below 6000".into());
         }
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
@@ -137,12 +167,15 @@ impl Validate for Settings {
         // WAIT with a zero timeout blocks for ever. And it blocks the multiplexed connection
         // it runs on: every command behind it waits too, so it must end well inside the 2 s
         // command timeout, or scripts that ran would answer as timed out.
-        if self.redis_wait().is_some() && !(1..=1_000).contains(&self.redis_wait_timeout_ms) {
+        if self.redis_wait().is_some()
+            && !(Duration::from_millis(1)..=Duration::from_secs(1))
+                .contains(&self.redis_wait_timeout)
+        {
             return Err(
                 "redis_wait_timeout_ms must be between 1 and 1000 when a wait is asked for".into(),
             );
         }
-        if self.sweep_fence_ms == 0 {
+        if self.sweep_fence.is_zero() {
             return Err("sweep_fence_ms must be positive".into());
         }
         // Bounded so a typo cannot make every replica allocate gigabytes (10^8 ids at 0.001
@@ -153,10 +186,10 @@ impl Validate for Settings {
         if !(self.bloom_fp_rate > 0.0 && self.bloom_fp_rate <= 0.5) {
             return Err("bloom_fp_rate must be above 0 and at most 0.5".into());
         }
-        if !(1..=3_600_000).contains(&self.null_cache_ttl_ms) {
+        if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&self.null_cache_ttl) {
             return Err("null_cache_ttl_ms must be between 1 and 3600000".into());
         }
-        if self.load_lock_ttl_ms == 0 || self.load_lock_ttl_ms >= self.load_wait_ms {
+        if self.load_lock_ttl.is_zero() || self.load_lock_ttl >= self.load_wait {
             return Err("load_lock_ttl_ms must be positive and below load_wait_ms".into());
         }
         Ok(())

@@ -46,7 +46,7 @@ impl Application {
     /// Redis pool and binds the port. RabbitMQ is not needed to start: the relay connects
     /// in the background and `/readyz` reports it.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let patience = Duration::from_secs(settings.backend.startup_patience_secs);
+        let patience = settings.backend.startup_patience;
         let db = seckill_store::postgres::connect_and_migrate(
             settings.backend.database_url.expose(),
             settings.db_pool_size,
@@ -69,7 +69,7 @@ impl Application {
             OrderPublisher::new(
                 settings.backend.amqp_url.expose().to_string(),
                 topology.clone(),
-                Duration::from_millis(settings.publish_timeout_ms),
+                settings.publish_timeout,
                 settings.publish_channels,
                 publisher_connected.clone(),
             )
@@ -82,22 +82,18 @@ impl Application {
                     expected: settings.bloom_expected_products,
                     fp_rate: settings.bloom_fp_rate,
                 })?),
-                NullCache::new(
-                    redis.clone(),
-                    keys.clone(),
-                    Duration::from_millis(settings.null_cache_ttl_ms),
-                ),
-                Duration::from_secs(settings.product_cache_ttl_secs),
+                NullCache::new(redis.clone(), keys.clone(), settings.null_cache_ttl),
+                settings.product_cache_ttl,
             ),
             stock: StockEngine::new(
                 redis.clone(),
                 db.clone(),
                 keys.clone(),
                 Timings {
-                    lock_ttl: Duration::from_millis(settings.load_lock_ttl_ms),
-                    load_wait: Duration::from_millis(settings.load_wait_ms),
-                    sweep_fence: Duration::from_millis(settings.sweep_fence_ms),
-                    skew_margin: Duration::from_millis(settings.sweep_skew_margin_ms),
+                    lock_ttl: settings.load_lock_ttl,
+                    load_wait: settings.load_wait,
+                    sweep_fence: settings.sweep_fence,
+                    skew_margin: settings.sweep_skew_margin,
                 },
             )
             .with_fence(Fence::new(
@@ -115,7 +111,7 @@ impl Application {
             ),
             sold_out: Cache::builder()
                 .max_capacity(10_000)
-                .time_to_live(Duration::from_millis(settings.sold_out_local_ttl_ms))
+                .time_to_live(settings.sold_out_local_ttl)
                 .build(),
             relay_hints: relay_hints.clone(),
             publisher: publisher.clone(),
@@ -151,7 +147,7 @@ impl Application {
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology,
             batch: settings.relay_batch,
-            reclaim_idle: Duration::from_millis(settings.relay_reclaim_idle_ms),
+            reclaim_idle: settings.relay_reclaim_idle,
             hints: relay_hints,
             connected: broker_connected,
             consumer: format!("api-{}", uuid::Uuid::new_v4().simple()),
@@ -219,7 +215,7 @@ impl Application {
 /// acknowledged write: the stock ledger, the buyers' markers and the outbox live there.
 async fn check_redis_durability(settings: &Settings) -> anyhow::Result<()> {
     let url = settings.backend.redis_url.expose();
-    let patience = Duration::from_secs(settings.backend.startup_patience_secs);
+    let patience = settings.backend.startup_patience;
     let check = || probes::redis_durability(url, settings.backend.redis_cluster);
     // Required, the check waits for Redis like the rest of start-up; else one try is enough
     // (a Redis still coming up is warned about, and start-up goes on).

@@ -7,6 +7,8 @@
 #[allow(dead_code)]
 mod helpers;
 
+use std::time::Duration;
+
 use helpers::spawn_app_with;
 
 const PURCHASE_LUA: &str = "seckill_lua_seconds_count{script=\"purchase\"}";
@@ -17,7 +19,7 @@ const RAISED: &str = "seckill_sold_out_flags_raised_total";
 #[tokio::test]
 async fn late_requests_are_answered_by_the_flags_without_running_lua() {
     // A local flag that outlives the test, so the counts below are exact.
-    let app = spawn_app_with(|s| s.sold_out_local_ttl_ms = 60_000).await;
+    let app = spawn_app_with(|s| s.sold_out_local_ttl = Duration::from_secs(60)).await;
     let product = app.create_product_in_buckets(3, 4).await;
     for user in 1..=3 {
         assert_eq!(app.purchase(product, user).await.status(), 202);
@@ -39,7 +41,10 @@ async fn late_requests_are_answered_by_the_flags_without_running_lua() {
 
     // Another replica (no local flag yet) learns it from the Redis flag: one home-bucket
     // script, no sweep, then its own local flag.
-    let other = helpers::spawn_app_in(app.ns.clone(), |s| s.sold_out_local_ttl_ms = 60_000).await;
+    let other = helpers::spawn_app_in(app.ns.clone(), |s| {
+        s.sold_out_local_ttl = Duration::from_secs(60)
+    })
+    .await;
     let redis_before = app.metric(REDIS_FLAG).await;
     let lua_before = app.metric(PURCHASE_LUA).await;
     for user in 30..40 {

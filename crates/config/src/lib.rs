@@ -12,6 +12,7 @@
 pub mod formats;
 
 use std::fmt;
+use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -81,8 +82,10 @@ pub struct BackendSettings {
     pub internal_key: Secret,
     /// How old a gateway identity signature may be.
     pub identity_max_age_ms: i64,
-    /// How long start-up waits for Postgres/RabbitMQ before giving up.
-    pub startup_patience_secs: u64,
+    /// How long start-up waits for Postgres/RabbitMQ before giving up
+    /// (`startup_patience_secs`).
+    #[serde(rename = "startup_patience_secs", with = "formats::secs")]
+    pub startup_patience: Duration,
     /// `json` (one object per line) or `pretty`.
     pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
@@ -101,7 +104,7 @@ impl Default for BackendSettings {
             namespace: "seckill".into(),
             internal_key: DEV_INTERNAL_KEY.into(),
             identity_max_age_ms: 30_000,
-            startup_patience_secs: 60,
+            startup_patience: Duration::from_secs(60),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
         }

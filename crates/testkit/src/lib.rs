@@ -90,7 +90,7 @@ impl TestNamespace {
             amqp_url: Secret::new(&self.amqp_url),
             namespace: self.namespace.clone(),
             internal_key: Secret::new(INTERNAL_KEY),
-            startup_patience_secs: 10,
+            startup_patience: std::time::Duration::from_secs(10),
             ..BackendSettings::default()
         }
     }

@@ -81,8 +81,8 @@ async fn an_abandoned_reservation_is_resolved_by_the_next_purchase() {
     // A replica that died mid-sweep leaves `r:<ms>` in the buyer's home bucket. Past the
     // fence (+ margin), the next purchase finds out whether the sweep took a unit.
     let app = spawn_app_with(|s| {
-        s.sweep_fence_ms = 100;
-        s.sweep_skew_margin_ms = 100;
+        s.sweep_fence = Duration::from_millis(100);
+        s.sweep_skew_margin = Duration::from_millis(100);
     })
     .await;
     let product = app.create_product_in_buckets(10, 2).await;

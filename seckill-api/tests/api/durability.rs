@@ -1,5 +1,7 @@
 //! Start-up checks of the stores: a Redis that could lose acknowledged writes.
 
+use std::time::Duration;
+
 use seckill_api::Application;
 use seckill_config::Secret;
 use seckill_store::WaitFor;
@@ -83,7 +85,7 @@ async fn an_accepted_purchase_waits_for_its_redis_replica_and_a_missing_one_is_c
         s.backend.redis_url = Secret::new(url);
         s.backend.redis_cluster = false;
         s.redis_wait_replicas = 1;
-        s.redis_wait_timeout_ms = 2_000;
+        s.redis_wait_timeout = Duration::from_secs(2);
     })
     .await;
     let short = "seckill_redis_wait_short_total";

@@ -224,7 +224,7 @@ async fn purchases_accepted_while_the_broker_is_unreachable_are_relayed_once_it_
     let ns = seckill_testkit::TestNamespace::new();
     let mut settings = crate::helpers::settings_for(&ns);
     settings.backend.amqp_url = seckill_config::Secret::new("amqp://guest:guest@127.0.0.1:1/%2f");
-    settings.relay_reclaim_idle_ms = 200;
+    settings.relay_reclaim_idle = Duration::from_millis(200);
     let offline = seckill_api::Application::build(settings)
         .await
         .expect("build");
@@ -254,7 +254,7 @@ async fn purchases_accepted_while_the_broker_is_unreachable_are_relayed_once_it_
     let queue = ns.topology().queue;
     assert_eq!(ns.queue_depth(&channel, &queue).await, 0);
     let mut settings = crate::helpers::settings_for(&ns);
-    settings.relay_reclaim_idle_ms = 200;
+    settings.relay_reclaim_idle = Duration::from_millis(200);
     let online = seckill_api::Application::build(settings)
         .await
         .expect("build");

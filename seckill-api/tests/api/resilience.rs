@@ -33,7 +33,7 @@ async fn spawn_api(ns: &TestNamespace, amqp_url: &str) -> Running {
     let mut settings = settings_for(ns);
     settings.backend.amqp_url = seckill_config::Secret::new(amqp_url);
     // Take over a dead replica's pending entries quickly.
-    settings.relay_reclaim_idle_ms = 500;
+    settings.relay_reclaim_idle = Duration::from_millis(500);
     let app = seckill_api::Application::build(settings)
         .await
         .expect("build seckill-api");
