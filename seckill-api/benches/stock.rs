@@ -494,7 +494,7 @@ impl EvalSha {
     async fn prepare(ns: &TestNamespace, redis: &mut RedisConn) -> anyhow::Result<Self> {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(include_str!("../../crates/store/src/ledger/purchase.lua"))
+            .arg(seckill_store::ledger::PURCHASE_LUA)
             .query_async(redis)
             .await?;
         let now = chrono::Utc::now();

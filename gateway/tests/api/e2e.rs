@@ -7,7 +7,7 @@ use serde_json::Value;
 use seckill_testkit::eventually;
 
 use crate::helpers::{
-    admin_token, assert_error, settled, spawn_platform, spawn_platform_with, user_token,
+    admin_token, assert_error, final_result, spawn_platform, spawn_platform_with, user_token,
 };
 
 #[tokio::test]
@@ -22,15 +22,19 @@ async fn a_purchase_through_the_gateway_becomes_an_order_the_buyer_can_see() {
     let accepted: Value = response.json().await.expect("json");
     assert_eq!(accepted["status"], "queued");
 
-    let result = eventually("order settled", Duration::from_secs(30), || async {
-        let body: Value = platform
-            .get(&format!("/api/seckill/{product}/result"), &buyer)
-            .await
-            .json()
-            .await
-            .ok()?;
-        (body["status"] == "success").then_some(body)
-    })
+    let result = eventually(
+        "the order's final result",
+        Duration::from_secs(30),
+        || async {
+            let body: Value = platform
+                .get(&format!("/api/seckill/{product}/result"), &buyer)
+                .await
+                .json()
+                .await
+                .ok()?;
+            (body["status"] == "success").then_some(body)
+        },
+    )
     .await;
     let order_id = result["order_id"].as_i64().expect("order id");
 
@@ -172,7 +176,7 @@ async fn an_unpaid_order_expires_and_its_unit_is_sold_to_another_buyer() {
     let (first, second) = (user_token(31), user_token(32));
 
     assert_eq!(platform.buy(product, &first).await.status(), 202);
-    let result = settled(&platform, product, &first).await;
+    let result = final_result(&platform, product, &first).await;
     assert_eq!(result["status"], "success");
     let order_id = result["order_id"].as_i64().expect("order id");
     assert_error(platform.buy(product, &second).await, 410, "sold_out").await;
@@ -189,7 +193,7 @@ async fn an_unpaid_order_expires_and_its_unit_is_sold_to_another_buyer() {
     })
     .await;
     assert_eq!(order["cancel_reason"], "payment_expired");
-    let result = settled(&platform, product, &first).await;
+    let result = final_result(&platform, product, &first).await;
     assert_eq!(result["status"], "failed");
     assert_eq!(result["reason"], "payment_expired");
     assert_error(
@@ -209,7 +213,7 @@ async fn an_unpaid_order_expires_and_its_unit_is_sold_to_another_buyer() {
         || async { (platform.buy(product, &second).await.status() == 202).then_some(()) },
     )
     .await;
-    let result = settled(&platform, product, &second).await;
+    let result = final_result(&platform, product, &second).await;
     assert_eq!(result["status"], "success");
     let paid = platform
         .post(&format!("/api/orders/{}/pay", result["order_id"]), &second)
@@ -231,7 +235,7 @@ async fn a_cancelled_order_frees_its_buyer_to_buy_again() {
     let product = platform.create_product(1, -60).await;
     let buyer = user_token(41);
     assert_eq!(platform.buy(product, &buyer).await.status(), 202);
-    let result = settled(&platform, product, &buyer).await;
+    let result = final_result(&platform, product, &buyer).await;
     let order_id = result["order_id"].as_i64().expect("order id");
     let cancelled = platform
         .post(&format!("/api/orders/{order_id}/cancel"), &buyer)
@@ -242,7 +246,7 @@ async fn a_cancelled_order_frees_its_buyer_to_buy_again() {
         "the result shows the cancellation",
         Duration::from_secs(10),
         || async {
-            (settled(&platform, product, &buyer).await["reason"] == "cancelled").then_some(())
+            (final_result(&platform, product, &buyer).await["reason"] == "cancelled").then_some(())
         },
     )
     .await;
@@ -250,7 +254,7 @@ async fn a_cancelled_order_frees_its_buyer_to_buy_again() {
         (platform.buy(product, &buyer).await.status() == 202).then_some(())
     })
     .await;
-    let result = settled(&platform, product, &buyer).await;
+    let result = final_result(&platform, product, &buyer).await;
     assert_eq!(result["status"], "success");
     assert_ne!(result["order_id"], order_id);
     platform.shutdown().await;

@@ -255,8 +255,8 @@ pub async fn assert_error(response: Response, status: u16, code: &str) {
 }
 
 /// Polls the buyer's result until it is no longer `queued`.
-pub async fn settled(platform: &Platform, product: i64, token: &str) -> Value {
-    eventually("result settled", Duration::from_secs(30), || async {
+pub async fn final_result(platform: &Platform, product: i64, token: &str) -> Value {
+    eventually("a final result", Duration::from_secs(30), || async {
         let body: Value = platform
             .get(&format!("/api/seckill/{product}/result"), token)
             .await

@@ -14,7 +14,7 @@ use seckill_store::home_bucket;
 use seckill_testkit::eventually;
 
 use crate::helpers::{
-    Platform, admin_token, assert_error, settled, spawn_platform_with, user_token,
+    Platform, admin_token, assert_error, final_result, spawn_platform_with, user_token,
 };
 
 /// A platform whose compensation relay waits for the test.
@@ -27,7 +27,7 @@ async fn buy_order(platform: &Platform, product: i64, user: i64) -> i64 {
     let token = user_token(user);
     let response = after_rebuild(platform, product, &token).await;
     assert_eq!(response.status(), 202, "user {user}");
-    let result = settled(platform, product, &token).await;
+    let result = final_result(platform, product, &token).await;
     assert_eq!(result["status"], "success", "{result}");
     result["order_id"].as_i64().expect("order id")
 }

@@ -494,14 +494,14 @@ async fn a_copy_arriving_after_its_dead_letter_was_ignored_does_not_resell_the_r
 }
 
 #[tokio::test]
-async fn a_given_up_purchase_whose_sweep_never_settled_releases_its_buyer() {
+async fn a_given_up_purchase_whose_sweep_never_closed_releases_its_buyer() {
     let mut app = spawn_app_with(TestNamespace::new(), |s| {
         s.compensation_poll = Duration::from_millis(50);
     })
     .await;
-    // User 8 bought the last unit through a sweep whose settle answer was lost: the home
+    // User 8 bought the last unit through a sweep whose close answer was lost: the home
     // bucket still holds the sweep's reservation (which names the purchase it was for), not
-    // the marker the settle would have written.
+    // the marker the close would have written.
     let product = app.product(1).await;
     let purchase = app.message(product, 8);
     sold_in_redis(&app, product, &[(8, purchase.request_id.to_string())]).await;

@@ -149,7 +149,7 @@ async fn a_sweep_refuses_to_take_a_unit_for_a_reservation_past_its_fence() {
     assert_eq!(app.purchase(product, 1).await.status(), 202, "load");
     let keys = app.ns.keys();
     let mut redis = app.ns.redis().await;
-    let take = redis::Script::new(include_str!("../../../crates/store/src/ledger/take.lua"));
+    let take = redis::Script::new(seckill_store::ledger::TAKE_LUA);
     let long_ago = chrono::Utc::now().timestamp_millis() - 10_000;
     let (code, _entry): (i64, String) = take
         .key(keys.stock(product, 1))

@@ -114,3 +114,8 @@ pub use load::{BucketLoad, HeldUnit, Window};
 pub use marker::{Holding, Reservation, names};
 pub use sale::{HomeAnswer, Purchase};
 pub use sweep::{ReservationEnd, TakeAnswer};
+
+/// `purchase.lua`'s text, for benchmarks that run the script by hand (`EVALSHA`).
+pub const PURCHASE_LUA: &str = include_str!("purchase.lua");
+/// `take.lua`'s text, for tests that drive a sweep's steps one by one.
+pub const TAKE_LUA: &str = include_str!("take.lua");

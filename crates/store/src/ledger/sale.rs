@@ -10,7 +10,7 @@ use super::handle::{Ledger, LedgerError};
 use super::marker::{self, Holding, Reservation};
 use crate::redis_handle::RedisConn;
 
-static PURCHASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("purchase.lua")));
+static PURCHASE: LazyLock<Script> = LazyLock::new(|| Script::new(super::PURCHASE_LUA));
 static SOLD_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("sold_out.lua")));
 
 /// One purchase as the ledger records it.

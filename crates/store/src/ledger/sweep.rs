@@ -12,7 +12,7 @@ use super::sale::Purchase;
 use crate::redis_handle::RedisConn;
 
 static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reserve.lua")));
-static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("take.lua")));
+static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(super::TAKE_LUA));
 static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("close.lua")));
 
 /// What `take.lua` said of one bucket.
