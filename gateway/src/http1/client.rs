@@ -152,7 +152,7 @@ pub async fn exchange<P: ConnectionPool>(
     Ok(response)
 }
 
-/// What an response's head says about its body and its connection.
+/// What a response's head says about its body and its connection.
 struct ResponseFraming {
     /// A `Transfer-Encoding` was sent; whether its last coding is `chunked`.
     transfer_encoding: Option<bool>,
@@ -162,7 +162,7 @@ struct ResponseFraming {
     keep_alive: bool,
 }
 
-/// The parts of an response's head the gateway keeps.
+/// The parts of a response's head the gateway keeps.
 struct ResponseHead {
     status: u16,
     /// Its end-to-end header lines.
@@ -206,7 +206,7 @@ async fn read_response(
     let body = if head.bodiless {
         Bytes::new()
     } else if let Some(chunked) = framing.transfer_encoding {
-        // Transfer-Encoding wins over any Content-Length, which goes (RFC 9112 §6.3); an
+        // Transfer-Encoding wins over any Content-Length, which goes (RFC 9112 §6.3); a
         // response with both is suspect, so its connection is not used again.
         if framing.content_length.is_some() {
             keep = false;
@@ -278,7 +278,7 @@ fn parse_response_head(
     Ok(Some((length, head)))
 }
 
-/// The framing of an response with `headers`; `http11`: its version is HTTP/1.1.
+/// The framing of a response with `headers`; `http11`: its version is HTTP/1.1.
 fn framing(headers: &[httparse::Header<'_>], http11: bool) -> ResponseFraming {
     let values = |name: &'static str| {
         headers

@@ -9,7 +9,8 @@
 //! neither streaming nor HTTP/2 on this leg. What a general server gave for free is written
 //! down here instead, in one place: the framing rules that keep request smuggling out
 //! ([`request`]), the body readers ([`body`]), `100 Continue` ([`incoming`]), pipelining,
-//! keep-alive, head and idle timeouts, and the drain at shutdown ([`server`]).
+//! keep-alive, head and idle timeouts ([`server`]), and the lingering close at shutdown
+//! ([`body`]).
 //!
 //! This module knows nothing of the application: the gateway plugs in as a [`Handler`]
 //! (the server side) and a [`ConnectionPool`] (where the client side's connections come

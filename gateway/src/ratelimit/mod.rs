@@ -129,12 +129,12 @@ pub enum Verdict {
         /// for `Retry-After` and `x-ratelimit-reset`.
         wait_secs: u64,
     },
-    /// No quota applies (switched off), or its Redis did not response (fail open).
+    /// No quota applies (switched off), or its Redis did not answer (fail open).
     Unmetered,
 }
 
 impl Verdict {
-    /// Puts the quota's headers on an response: `x-ratelimit-limit` and `-remaining`, and on a
+    /// Puts the quota's headers on a response: `x-ratelimit-limit` and `-remaining`, and on a
     /// refusal `Retry-After` and `x-ratelimit-reset` too.
     pub fn annotate(&self, response: &mut Response) {
         let mut number = itoa::Buffer::new();

@@ -45,8 +45,9 @@ struct Args {
     /// Purchases in flight at most.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=4096))]
     concurrency: u64,
-    /// Longest wait for the system to go quiet after each wave, seconds.
-    #[arg(long, default_value_t = 120)]
+    /// Longest wait for the system to go quiet after each wave, seconds (the old name
+    /// `--settle-timeout-secs` still works).
+    #[arg(long, alias = "settle-timeout-secs", default_value_t = 120)]
     quiet_timeout_secs: u64,
     /// A setting for every service of every scenario, `NAME=value` (repeatable): e.g.
     /// `SECKILL_AMQP_QUEUE_TYPE=classic`, or `SECKILL_API_PUBLISH_ON_ACCEPT=false` to see
