@@ -20,13 +20,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use clap::{Parser, ValueEnum};
 use futures_util::StreamExt;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueuePurgeOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::options::{ConfirmSelectOptions, QueuePurgeOptions};
+use lapin::{Channel, Confirmation};
 use tokio_util::sync::CancellationToken;
 
 use seckill_api::relay::{Relay, RelayHints, create_group, register};
-use seckill_messaging::{HEADER_ATTEMPT, HEADER_REQUEST_ID, OrderMessage};
+use seckill_messaging::OrderMessage;
 use seckill_store::{Redis, RedisConn};
 use seckill_testkit::TestNamespace;
 
@@ -319,30 +318,14 @@ async fn publish(
     channel: &Channel,
     entry: &Entry,
 ) -> lapin::Result<lapin::PublisherConfirm> {
-    let topology = ns.topology();
-    let mut headers = FieldTable::default();
-    headers.insert(
-        HEADER_REQUEST_ID.into(),
-        AMQPValue::LongString(entry.http_request_id.as_str().into()),
-    );
-    headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongInt(0));
-    let properties = BasicProperties::default()
-        .with_message_id(entry.request_id.as_str().into())
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-        .with_headers(headers);
-    channel
-        .basic_publish(
-            topology.exchange.as_str().into(),
-            topology.routing_key.as_str().into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            entry.payload.as_bytes(),
-            properties,
-        )
-        .await
+    seckill_messaging::publish_order(
+        channel,
+        &ns.topology(),
+        &entry.request_id,
+        &entry.http_request_id,
+        entry.payload.as_bytes(),
+    )
+    .await
 }
 
 /// Publishes every entry as the relay would, minus confirms, `window` publishes in flight;
