@@ -4,7 +4,7 @@
 //!
 //! Bodies are read whole and checked strictly: a chunked body's size lines are hex digits
 //! (an extension may follow a `;`) ended by CRLF, each chunk is followed by CRLF, trailers
-//! are read and dropped. Whatever framed a body here, it leaves the gateway framed by a
+//! are read, checked as header lines (CRLF only) and dropped. Whatever framed a body here, it leaves the gateway framed by a
 //! `Content-Length` of what was read, so a peer on the other side never has to agree with
 //! this parser about where a message ends.
 
@@ -26,6 +26,8 @@ pub const INITIAL_CAPACITY: usize = 4096;
 /// Longest chunk-size line (with its extensions) and longest trailer section.
 const MAX_CHUNK_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16 * 1024;
+/// Most trailer fields in one section.
+const MAX_TRAILER_FIELDS: usize = 64;
 /// How long, and for how many bytes, a closing connection is drained.
 const LINGER: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 256 * 1024;
@@ -209,26 +211,47 @@ impl Connection {
         Ok(body.freeze())
     }
 
-    /// Reads the trailer section up to and including its empty line.
+    /// Reads the trailer section up to and including its empty line, checked as headers
+    /// ([`trailer_section`]) and dropped.
     async fn skip_trailers(&mut self) -> Result<(), ReadError> {
-        let mut seen = 0;
         loop {
-            let Some(end) = self.buffer.windows(2).position(|w| w == b"\r\n") else {
-                if seen + self.buffer.len() > MAX_TRAILERS {
-                    return Err(ReadError::Malformed("trailers too large"));
-                }
-                self.fill().await?;
-                continue;
-            };
-            self.buffer.advance(end + 2);
-            seen += end + 2;
-            if end == 0 {
+            if let Some(length) = trailer_section(&self.buffer)? {
+                self.buffer.advance(length);
                 return Ok(());
             }
-            if seen > MAX_TRAILERS {
-                return Err(ReadError::Malformed("trailers too large"));
-            }
+            self.fill().await?;
         }
+    }
+}
+
+/// The length of the trailer section at the start of `buf` (RFC 9112 §7.1.2), up to and
+/// including the empty line that ends it; `None` while incomplete. Each trailer must be a
+/// well-formed header line ended by CRLF: a bare LF, a malformed field or a section over
+/// 16 kB is malformed. Trailers are never forwarded (the body leaves re-framed by its
+/// length), so none of them can carry meaning past the gateway.
+pub fn trailer_section(buf: &[u8]) -> Result<Option<usize>, ReadError> {
+    if buf.starts_with(b"\r\n") {
+        return Ok(Some(2));
+    }
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+    let section = end.map_or(buf, |at| &buf[..at + 4]);
+    if super::request::has_bare_lf(section) {
+        return Err(ReadError::Malformed("bare LF in the trailers"));
+    }
+    let Some(at) = end else {
+        return if buf.len() > MAX_TRAILERS {
+            Err(ReadError::Malformed("trailers too large"))
+        } else {
+            Ok(None)
+        };
+    };
+    if section.len() > MAX_TRAILERS {
+        return Err(ReadError::Malformed("trailers too large"));
+    }
+    let mut slots = [httparse::EMPTY_HEADER; MAX_TRAILER_FIELDS];
+    match httparse::parse_headers(section, &mut slots) {
+        Ok(httparse::Status::Complete((length, _))) if length == at + 4 => Ok(Some(length)),
+        _ => Err(ReadError::Malformed("malformed trailers")),
     }
 }
 
@@ -312,5 +335,34 @@ mod tests {
         }
         let long = [b"1;".as_slice(), &[b'x'; MAX_CHUNK_LINE + 1]].concat();
         assert!(chunk_size_line(&long).is_err());
+    }
+
+    #[test]
+    fn trailers_are_header_lines_ended_by_crlf() {
+        let complete = |buf: &[u8]| trailer_section(buf).ok().flatten();
+        assert_eq!(complete(b"\r\nGET"), Some(2));
+        assert_eq!(complete(b"x-a: 1\r\nx-b: 2\r\n\r\nGET"), Some(18));
+        for incomplete in [&b""[..], b"\r", b"x-a: 1\r\n", b"x-a: 1\r\n\r"] {
+            assert!(
+                matches!(trailer_section(incomplete), Ok(None)),
+                "{incomplete:?}"
+            );
+        }
+        for bad in [
+            &b"\n"[..],
+            b"x-a: 1\n\r\n",
+            b"x-a: 1\r\n\n",
+            b"x-a: 1\nx-b: 2",
+            b"bad name: 1\r\n\r\n",
+            b"x-a\r\n\r\n",
+            b" folded: 1\r\n\r\n",
+        ] {
+            assert!(
+                matches!(trailer_section(bad), Err(ReadError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        let long = [&[b'x'; MAX_TRAILERS + 1][..]].concat();
+        assert!(trailer_section(&long).is_err());
     }
 }

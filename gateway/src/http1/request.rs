@@ -12,7 +12,9 @@
 //! coding is not `chunked` (400), or with any coding besides `chunked` (501); a
 //! `Content-Length` that is not digits or whose values disagree (400); an HTTP/1.1 request
 //! without exactly one `Host` (400); an `Expect` other than `100-continue` (417); a target
-//! that is not a path, an absolute `http(s)` URL or `*` (400).
+//! that is not a path, an absolute `http(s)` URL or `*` (400); a line ended by a bare LF
+//! instead of CRLF (400: `httparse` accepts one, a peer in front of the gateway may not
+//! see a line end there, RFC 9112 §2.2).
 
 use std::mem::MaybeUninit;
 
@@ -121,6 +123,11 @@ impl RequestHead {
         };
         if length > limits.max_header_bytes {
             return Err(HeadError::too_large());
+        }
+        if has_bare_lf(&buffer[..length]) {
+            return Err(HeadError::bad(
+                "a line of the request head ends in a bare LF",
+            ));
         }
         let base = buffer.as_ptr() as usize;
         let span = |part: &[u8]| {
@@ -294,6 +301,17 @@ impl RequestHead {
     }
 }
 
+/// Whether `bytes` hold an LF not preceded by a CR (the first byte's predecessor is taken
+/// to be no CR: a head starts at a line's start).
+pub fn has_bare_lf(bytes: &[u8]) -> bool {
+    let mut previous = 0;
+    bytes.iter().any(|&byte| {
+        let bare = byte == b'\n' && previous != b'\r';
+        previous = byte;
+        bare
+    })
+}
+
 /// The path and query of a request target: origin form as it is, an absolute `http(s)`
 /// URL reduced to its path (`None` when it has none: `/`), `*` as it is.
 fn origin_form(target: &str) -> Result<Option<&str>, HeadError> {
@@ -425,6 +443,10 @@ mod tests {
                 "GET / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n",
                 StatusCode::EXPECTATION_FAILED,
             ),
+            ("GET / HTTP/1.1\nHost: a\r\n\r\n", bad),
+            ("GET / HTTP/1.1\r\nHost: a\n\r\n", bad),
+            ("GET / HTTP/1.1\r\nHost: a\r\n\n", bad),
+            ("\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", bad),
         ] {
             assert_eq!(refused(head), status, "{head:?}");
         }
