@@ -25,6 +25,14 @@
 //! connection ends before a byte of the response and the request is sent once more on a new
 //! connection — the keep-alive race every HTTP client handles this way for safe methods
 //! (RFC 9112 §9.3.1).
+//!
+//! Never out of step: a connection goes back to the pool only when its response was framed
+//! exactly and nothing followed it in the buffer; one on which bytes arrived while it was
+//! idle is closed at checkout, not used: the probe finds them. With [`Probe::Reactor`]
+//! (safe requests only) it finds them once the thread's reactor has seen them arrive;
+//! bytes that land in the instant between its last turn and the checkout are the one case
+//! left, the price of skipping a system call per request, and only a replica that answers
+//! what it was not asked can cause it.
 
 use std::future::Future;
 
@@ -146,6 +154,8 @@ pub async fn exchange<P: ConnectionPool>(
         }
     };
     let (response, keep) = read_response(&mut connection, request.head_only, max_body).await?;
+    // Bytes after the response are no answer to anything: whatever they are, the next
+    // request must not read them as its own, so the connection ends.
     if keep && connection.buffered().is_empty() {
         pool.checkin(connection);
     }
@@ -204,6 +214,15 @@ async fn read_response(
     let framing = head.framing;
     let mut keep = framing.keep_alive;
     let body = if head.bodiless {
+        // A 204 may not announce a body at all (RFC 9110 §8.6, RFC 9112 §6.1): one that
+        // does may be followed by it, so its connection is not trusted again. A 304 or an
+        // answer to HEAD announces the length a GET would get, as it may: no body is read,
+        // and bytes found after the head still end the connection (see `exchange`).
+        let announced = framing.transfer_encoding.is_some()
+            || !matches!(framing.content_length, None | Some(Some(0)));
+        if head.status == 204 && announced {
+            keep = false;
+        }
         Bytes::new()
     } else if let Some(chunked) = framing.transfer_encoding {
         // Transfer-Encoding wins over any Content-Length, which goes (RFC 9112 §6.3); a
@@ -262,7 +281,9 @@ fn parse_response_head(
     let hop_by_hop = HopByHop::of(connection.map(|h| h.value));
     let mut lines = Vec::with_capacity(buffer.len().min(length));
     for header in parsed.headers.iter() {
-        let framed_here = !bodiless && header.name.eq_ignore_ascii_case("content-length");
+        // A length on a 204 describes nothing (and must not be there): dropped with it.
+        let framed_here =
+            (!bodiless || status == 204) && header.name.eq_ignore_ascii_case("content-length");
         if framed_here || hop_by_hop.contains(header.name.as_bytes()) {
             continue;
         }

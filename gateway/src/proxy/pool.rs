@@ -566,6 +566,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_204_announcing_a_body_is_not_reused_and_a_304_with_a_length_is() {
+        let replica = scripted(|n| match n {
+            0 => Reply::Answer("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n"),
+            1 => Reply::Answer("HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n"),
+            _ => Reply::Answer("HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"),
+        })
+        .await;
+        let pool = pool(&replica);
+        for round in 1..=2 {
+            let empty = pool
+                .exchange(Outgoing::new(&get("/")))
+                .await
+                .expect("exchange");
+            assert_eq!(
+                (empty.status, empty.body.len()),
+                (StatusCode::NO_CONTENT, 0)
+            );
+            assert_eq!(empty.header("content-length"), None, "a 204 has no length");
+            assert_eq!(pool.idle_here(), 0, "round {round}: its body may follow");
+        }
+        let not_modified = pool
+            .exchange(Outgoing::new(&get("/")))
+            .await
+            .expect("exchange");
+        assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED);
+        assert_eq!(not_modified.header("content-length"), Some(&b"5"[..]));
+        assert_eq!(
+            pool.idle_here(),
+            1,
+            "a 304 may state a length and stay in step"
+        );
+    }
+
+    #[tokio::test]
+    async fn bytes_after_an_answer_end_the_connection() {
+        let replica = scripted(|n| {
+            if n < 2 {
+                Reply::Answer(
+                    "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok\
+                     HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nsmuggled",
+                )
+            } else {
+                Reply::Answer(OK)
+            }
+        })
+        .await;
+        let pool = pool(&replica);
+        for _ in 0..3 {
+            let answer = pool
+                .exchange(Outgoing::new(&get("/")))
+                .await
+                .expect("exchange");
+            assert_eq!(answer.body.as_ref(), b"ok", "never the smuggled answer");
+        }
+        assert_eq!(replica.connections.load(Ordering::SeqCst), 3);
+        assert_eq!(pool.idle_here(), 1, "only the clean one is kept");
+    }
+
+    #[tokio::test]
     async fn an_answer_keeps_its_end_to_end_headers_only() {
         let replica = scripted(|_| {
             Reply::Answer(
