@@ -145,6 +145,19 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
+    /// Client connections open at once; past it a new one is answered 503 and closed.
+    pub max_connections: usize,
+    /// Client connections open at once from one TCP peer address (a trusted proxy is held
+    /// to `max_connections` only); past it a new one is answered 503 and closed.
+    pub max_connections_per_ip: usize,
+    /// From a connection's accept to the first byte of its first request
+    /// (`client_first_byte_timeout_ms`; the idle timeout when that is shorter); a silent
+    /// connection is closed.
+    #[serde(
+        rename = "client_first_byte_timeout_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub client_first_byte_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -193,6 +206,11 @@ impl Default for Settings {
             namespace: "seckill".into(),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
+            max_connections: 10_000,
+            // The load test's 256 purchases in flight and its result polls come from one
+            // address; a browser opens six per host, a NAT of a few hundred users more.
+            max_connections_per_ip: 512,
+            client_first_byte_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -280,6 +298,22 @@ impl Validate for Settings {
                 return Err("rate_limit_redis_timeout_ms must be positive".into());
             }
         }
+        self.validate_connection_limits()?;
+        Ok(())
+    }
+}
+
+impl Settings {
+    fn validate_connection_limits(&self) -> Result<(), String> {
+        if self.max_connections == 0 || self.max_connections_per_ip == 0 {
+            return Err("max_connections and max_connections_per_ip must be positive".into());
+        }
+        if self.max_connections_per_ip > self.max_connections {
+            return Err("max_connections_per_ip must be at most max_connections".into());
+        }
+        if self.client_first_byte_timeout.is_zero() {
+            return Err("client_first_byte_timeout_ms must be positive".into());
+        }
         Ok(())
     }
 }
@@ -356,6 +390,26 @@ mod tests {
             },
         ] {
             assert!(too_fast.validate().is_err());
+        }
+    }
+
+    #[test]
+    fn connection_limits_out_of_range_are_refused() {
+        for out_of_range in [
+            Settings {
+                max_connections_per_ip: 0,
+                ..Settings::default()
+            },
+            Settings {
+                max_connections: 100,
+                ..Settings::default()
+            },
+            Settings {
+                client_first_byte_timeout: Duration::ZERO,
+                ..Settings::default()
+            },
+        ] {
+            assert!(out_of_range.validate().is_err());
         }
     }
 }

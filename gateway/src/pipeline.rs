@@ -43,7 +43,7 @@ use seckill_http::request_metrics::{self, method_label};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
-use crate::http1::{BodyState, Handler, HeadError, Incoming, Kind, Response};
+use crate::http1::{BodyState, Handler, HeadError, Incoming, Kind, Response, Wait};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 use crate::{ops, refusal};
@@ -164,6 +164,12 @@ impl Handler for Pipeline {
         let response = refusal::error(refused.status, code, refused.message);
         record("unmatched", "other", response.status, Instant::now());
         response
+    }
+
+    /// Counts a connection closed because its client kept the gateway waiting.
+    fn timed_out(&self, wait: Wait) {
+        metrics::counter!("gateway_connections_closed_total", "reason" => wait.label())
+            .increment(1);
     }
 }
 

@@ -7,6 +7,11 @@
 //! (see `proxy::pool`): no work stealing and no cross-thread wake-up on the hot path, which
 //! on a multi-threaded runtime cost more CPU per request than a second thread gave back.
 //!
+//! Every connection is admitted under the caps on open connections ([`ConnectionCaps`]:
+//! `max_connections` overall, `max_connections_per_ip` per TCP peer, trusted proxies
+//! exempt from the latter); one past either is answered `503` with `Retry-After` and closed,
+//! and counted in `gateway_connections_refused_total{reason}`.
+//!
 //! Shutdown (SIGINT/SIGTERM or the token): stop accepting, close idle connections, let the
 //! requests under way finish for up to 30 s (`DRAIN`; each is answered with
 //! `connection: close`), then stop the workers.
@@ -20,8 +25,9 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::http1::{ConnectionLimits, serve_connection};
+use crate::http1::{ConnectionCaps, ConnectionLimits, refuse_connection, serve_connection};
 use crate::pipeline::Pipeline;
+use crate::refusal;
 
 /// How long requests under way may take to finish once shutdown began.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -84,6 +90,10 @@ pub async fn serve(
     let mut workers = Workers::start(workers, &closing)?;
     tokio::spawn(seckill_http::shutdown::cancel_on_signal(cancel.clone()));
     let connections = TaskTracker::new();
+    let caps = Arc::new(ConnectionCaps::new(
+        limits.max_connections,
+        limits.max_connections_per_ip,
+    ));
     loop {
         let (stream, peer) = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -107,11 +117,25 @@ pub async fn serve(
             }
         };
         let (runtime, closing) = workers.next();
-        let (pipeline, closing) = (pipeline.clone(), closing.clone());
+        let (pipeline, closing, caps) = (pipeline.clone(), closing.clone(), caps.clone());
         runtime.spawn(connections.track_future(async move {
-            match TcpStream::from_std(stream) {
-                Ok(stream) => serve_connection(stream, peer, &*pipeline, limits, &closing).await,
-                Err(e) => tracing::warn!(%peer, error = %e, "could not register the connection"),
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "could not register the connection");
+                    return;
+                }
+            };
+            let per_ip = !pipeline.trusted_proxies.trusts(peer.ip());
+            match caps.admit(peer.ip(), per_ip) {
+                Ok(_ticket) => serve_connection(stream, peer, &*pipeline, limits, &closing).await,
+                Err(reason) => {
+                    metrics::counter!("gateway_connections_refused_total", "reason" => reason.label())
+                        .increment(1);
+                    tracing::debug!(%peer, reason = reason.label(), "connection refused");
+                    let response = refusal::unavailable("too many connections, retry shortly");
+                    refuse_connection(stream, response, limits).await;
+                }
             }
         }));
     }

@@ -88,6 +88,9 @@ impl Application {
                 header_timeout: settings.client_header_timeout,
                 idle_timeout: settings.client_idle_timeout,
                 max_body_bytes: settings.max_body_bytes,
+                first_byte_timeout: settings.client_first_byte_timeout,
+                max_connections: settings.max_connections,
+                max_connections_per_ip: settings.max_connections_per_ip,
             },
             workers: settings.worker_threads(),
         })

@@ -24,9 +24,11 @@
 //! - [`request`] — a request head, parsed and checked; [`response`] — a response and its
 //!   encoding; [`headers`] — header rules both sides share;
 //! - [`body`] — a [`Connection`] (socket and read buffer) and the body readers both sides
-//!   share.
+//!   share;
+//! - [`caps`] — the caps on open connections, overall and per client address.
 
 pub mod body;
+pub mod caps;
 pub mod client;
 pub mod headers;
 pub mod incoming;
@@ -35,9 +37,10 @@ pub mod response;
 pub mod server;
 
 pub use body::{Connection, Probe, ReadError};
+pub use caps::{CapReason, ConnectionCaps};
 pub use client::{ConnectionPool, ExchangeError, Outgoing};
 pub use headers::{HopByHop, Kind, header_line, list_items};
 pub use incoming::{BodyError, BodyState, Incoming};
 pub use request::{Framing, HeadError, HeadLimits, MAX_HEADERS_CAP, RequestHead, Version};
 pub use response::{EncodeOptions, Persistence, Response, with_date};
-pub use server::{ConnectionLimits, Handler, serve_connection};
+pub use server::{ConnectionLimits, Handler, Wait, refuse_connection, serve_connection};

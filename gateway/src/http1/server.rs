@@ -16,10 +16,14 @@
 //! reset.
 //!
 //! Time limits, each on a timer of the connection's own that is pushed forward rather than
-//! made anew for every request: `idle_timeout` between requests, `header_timeout` from the
-//! first byte of a head to its end (a client trickling its headers is cut off), and the
-//! handler's request timeout for everything after the head (the timer is handed to it). A
-//! response the client does not read within `idle_timeout` ends the connection.
+//! made anew for every request, so that at every moment exactly one runs:
+//! `first_byte_timeout` from the accept to the first byte of the first head (a connection
+//! opened and left silent is let go soon), `idle_timeout` between requests,
+//! `header_timeout` from the first byte of a head to its end (a client trickling its
+//! headers is cut off), and the handler's request timeout for everything after the head,
+//! body included (the timer is handed to it). A response the client does not read within
+//! `idle_timeout` ends the connection. Each one that ends a connection is reported to the
+//! handler ([`Handler::timed_out`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -50,6 +54,31 @@ pub trait Handler {
     /// The response to a head refused before a request could be made of it; the connection
     /// closes after it.
     fn refuse_head(&self, refused: HeadError, peer: SocketAddr) -> Response;
+
+    /// A connection was closed because the client kept it waiting (to count it).
+    fn timed_out(&self, _wait: Wait) {}
+}
+
+/// What a client kept the gateway waiting for when a time limit ended its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// The first byte on a new connection (`first_byte_timeout`).
+    FirstByte,
+    /// The next request on a kept-alive connection (`idle_timeout`).
+    Idle,
+    /// The rest of a head begun (`header_timeout`).
+    Header,
+}
+
+impl Wait {
+    /// A metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::FirstByte => "first_byte_timeout",
+            Self::Idle => "idle_timeout",
+            Self::Header => "header_timeout",
+        }
+    }
 }
 
 /// The limits a connection is served under.
@@ -57,12 +86,19 @@ pub trait Handler {
 pub struct ConnectionLimits {
     /// Request head size and header count.
     pub head: HeadLimits,
+    /// From the accept to the first byte of the first head (at most `idle_timeout`).
+    pub first_byte_timeout: Duration,
     /// From the first byte of a head to its end.
     pub header_timeout: Duration,
     /// Between two requests, and for the client to take a response.
     pub idle_timeout: Duration,
     /// Largest request body, bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Connections open at once, all clients together (the accept loop's, see
+    /// [`super::caps`]).
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_ip: usize,
 }
 
 /// Serves `stream` from `peer` with `handler` until the client closes, a limit ends it, or
@@ -82,43 +118,49 @@ pub async fn serve_connection<H: Handler>(
     let mut deadline = std::pin::pin!(tokio::time::sleep_until(far));
     let mut upstream = std::pin::pin!(tokio::time::sleep_until(far));
     let mut shutdown = std::pin::pin!(closing.cancelled());
+    let mut first = true;
     loop {
-        let (response, options) =
-            match read_head(&mut connection, limits, idle.as_mut(), shutdown.as_mut()).await {
-                Ok(Some(head)) => {
-                    let mut request = Incoming::new(
-                        &head,
-                        peer,
-                        upstream.as_mut(),
-                        &mut connection,
-                        limits.max_body_bytes,
-                    );
-                    let response = handler.respond(&mut request, deadline.as_mut()).await;
-                    let state = request.body_state();
-                    let keep = head.keep_alive()
-                        && !closing.is_cancelled()
-                        && in_step(&mut connection, &head, state);
-                    let options = EncodeOptions {
-                        version: head.version(),
-                        persistence: if keep {
-                            Persistence::KeepAlive
-                        } else {
-                            Persistence::Close
-                        },
-                        head_request: head.method() == Method::HEAD,
-                    };
-                    (response, options)
-                }
-                Ok(None) => return,
-                Err(refused) => {
-                    let options = EncodeOptions {
-                        version: Version::Http11,
-                        persistence: Persistence::Close,
-                        head_request: false,
-                    };
-                    (handler.refuse_head(refused, peer), options)
-                }
-            };
+        let waiting = Waiting {
+            timer: idle.as_mut(),
+            closing: shutdown.as_mut(),
+            first,
+        };
+        first = false;
+        let (response, options) = match read_head(&mut connection, limits, waiting, handler).await {
+            Ok(Some(head)) => {
+                let mut request = Incoming::new(
+                    &head,
+                    peer,
+                    upstream.as_mut(),
+                    &mut connection,
+                    limits.max_body_bytes,
+                );
+                let response = handler.respond(&mut request, deadline.as_mut()).await;
+                let state = request.body_state();
+                let keep = head.keep_alive()
+                    && !closing.is_cancelled()
+                    && in_step(&mut connection, &head, state);
+                let options = EncodeOptions {
+                    version: head.version(),
+                    persistence: if keep {
+                        Persistence::KeepAlive
+                    } else {
+                        Persistence::Close
+                    },
+                    head_request: head.method() == Method::HEAD,
+                };
+                (response, options)
+            }
+            Ok(None) => return,
+            Err(refused) => {
+                let options = EncodeOptions {
+                    version: Version::Http11,
+                    persistence: Persistence::Close,
+                    head_request: false,
+                };
+                (handler.refuse_head(refused, peer), options)
+            }
+        };
         let rest = response.encode(&mut out, options);
         if !write_within(&mut connection, &out, rest, idle.as_mut(), limits).await {
             return;
@@ -131,15 +173,58 @@ pub async fn serve_connection<H: Handler>(
     }
 }
 
-/// The next request head; `None` when the client closed, stayed idle past the limit, or
-/// the gateway is closing while no request is under way.
-async fn read_head(
+/// Answers a connection that will not be served with `response` and closes it, reading
+/// nothing the client sent: it is drained a moment after the answer (see
+/// [`Connection::linger`]), so the answer is not lost to a reset.
+pub async fn refuse_connection(
+    stream: tokio::net::TcpStream,
+    response: Response,
+    limits: ConnectionLimits,
+) {
+    let mut connection = Connection::new(stream);
+    let mut out = Vec::with_capacity(512);
+    let options = EncodeOptions {
+        version: Version::Http11,
+        persistence: Persistence::Close,
+        head_request: false,
+    };
+    let rest = response.encode(&mut out, options);
+    let mut timer = std::pin::pin!(tokio::time::sleep(limits.idle_timeout));
+    if write_within(&mut connection, &out, rest, timer.as_mut(), limits).await {
+        connection.linger().await;
+    }
+}
+
+/// What a connection waits on between requests.
+struct Waiting<'a, 'b> {
+    /// The connection's timer for the client's next byte.
+    timer: Pin<&'a mut Sleep>,
+    /// The gateway's shutdown.
+    closing: Pin<&'a mut WaitForCancellationFuture<'b>>,
+    /// No request was read on the connection yet.
+    first: bool,
+}
+
+/// The next request head; `None` when the client closed, kept the gateway waiting past a
+/// limit (told to `handler`), or the gateway is closing while no request is under way.
+async fn read_head<H: Handler>(
     connection: &mut Connection,
     limits: ConnectionLimits,
-    mut timer: Pin<&mut Sleep>,
-    mut closing: Pin<&mut WaitForCancellationFuture<'_>>,
+    waiting: Waiting<'_, '_>,
+    handler: &H,
 ) -> Result<Option<RequestHead>, HeadError> {
+    let Waiting {
+        mut timer,
+        mut closing,
+        first,
+    } = waiting;
     let mut started = false;
+    let mut awaited = if first { Wait::FirstByte } else { Wait::Idle };
+    if first {
+        // A new connection has shown less good faith than a kept-alive one: never longer.
+        let wait = limits.first_byte_timeout.min(limits.idle_timeout);
+        timer.as_mut().reset(Instant::now() + wait);
+    }
     loop {
         if !connection.buffered().is_empty() {
             // Empty lines between requests are allowed (RFC 9112 §2.2); httparse skips them.
@@ -148,10 +233,11 @@ async fn read_head(
             }
         }
         let idle = connection.buffered().is_empty();
-        if idle {
+        if idle && awaited == Wait::Idle {
             timer.as_mut().reset(Instant::now() + limits.idle_timeout);
-        } else if !started {
+        } else if !idle && !started {
             started = true;
+            awaited = Wait::Header;
             timer.as_mut().reset(Instant::now() + limits.header_timeout);
         }
         tokio::select! {
@@ -159,7 +245,10 @@ async fn read_head(
             read = connection.fill() => if read.is_err() {
                 return Ok(None);
             },
-            () = timer.as_mut() => return Ok(None),
+            () = timer.as_mut() => {
+                handler.timed_out(awaited);
+                return Ok(None);
+            }
             () = closing.as_mut(), if idle => return Ok(None),
         }
     }

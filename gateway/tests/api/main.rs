@@ -11,6 +11,7 @@ mod framing;
 mod helpers;
 mod keepalive;
 mod ledger;
+mod limits;
 mod overload;
 mod ratelimit;
 mod raw;

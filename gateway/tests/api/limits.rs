@@ -1,0 +1,125 @@
+//! The bounds on connections: caps on open connections (overall and per client address)
+//! and the first-byte timeout.
+
+use std::time::Duration;
+
+use seckill_testkit::eventually;
+
+use crate::helpers::user_token;
+use crate::raw::{RawClient, gateway_with};
+
+fn request(method: &str, path: &str, user: i64, rest: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\n{rest}\r\n",
+        user_token(user)
+    )
+}
+
+#[tokio::test]
+async fn a_connection_past_either_cap_gets_503_and_is_closed() {
+    for (max, per_ip, reason) in [
+        (100, 2, "max_connections_per_ip"),
+        (2, 2, "max_connections"),
+    ] {
+        let (gateway, replica) = gateway_with(|s| {
+            s.max_connections = max;
+            s.max_connections_per_ip = per_ip;
+        })
+        .await;
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            let mut client = RawClient::connect(&gateway).await;
+            client
+                .send(request("GET", "/api/products/1", 101, ""))
+                .await;
+            assert_eq!(client.answer().await.status, 200, "{reason}: served");
+            open.push(client);
+        }
+        let mut refused = RawClient::connect(&gateway).await;
+        refused
+            .send(request("GET", "/api/products/1", 101, ""))
+            .await;
+        let answer = refused.last_answer().await;
+        assert_eq!(answer.status, 503, "{reason}");
+        assert_eq!(answer.header("retry-after"), Some("1"));
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        assert_eq!(body["code"], "unavailable");
+        assert_eq!(
+            replica.seen().len(),
+            2,
+            "{reason}: the refused request went nowhere"
+        );
+
+        // A place is given back when a connection ends.
+        drop(open.pop());
+        let metric = eventually("a place freed", Duration::from_secs(5), || async {
+            let response = gateway.get("/metrics").send().await.ok()?;
+            response
+                .status()
+                .is_success()
+                .then_some(response.text().await.ok()?)
+        })
+        .await;
+        let refusals = crate::echo::metric_sum(
+            &metric,
+            "gateway_connections_refused_total",
+            &[("reason", reason)],
+        );
+        assert!(refusals >= 1.0, "{reason}: counted ({refusals})");
+    }
+}
+
+#[tokio::test]
+async fn a_trusted_proxy_is_held_to_the_global_cap_only() {
+    let (gateway, _replica) = gateway_with(|s| {
+        s.max_connections_per_ip = 1;
+        s.trusted_proxies = "127.0.0.1".into();
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut client = RawClient::connect(&gateway).await;
+        client
+            .send(request("GET", "/api/products/1", 102, ""))
+            .await;
+        assert_eq!(client.answer().await.status, 200);
+        open.push(client);
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_first_byte_timeout() {
+    let (gateway, replica) = gateway_with(|s| {
+        s.client_first_byte_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let before = gateway
+        .metric(
+            "gateway_connections_closed_total",
+            &[("reason", "first_byte_timeout")],
+        )
+        .await;
+    let mut silent = RawClient::connect(&gateway).await;
+    let waited = silent.closed().await;
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(4),
+        "closed after {waited:?}"
+    );
+    let after = gateway
+        .metric(
+            "gateway_connections_closed_total",
+            &[("reason", "first_byte_timeout")],
+        )
+        .await;
+    assert!(after > before, "counted: {before} -> {after}");
+
+    // A kept-alive connection waits the idle timeout between requests, not this one.
+    let mut kept = RawClient::connect(&gateway).await;
+    kept.send(request("GET", "/api/products/1", 103, "")).await;
+    assert_eq!(kept.answer().await.status, 200);
+    // Not a wait for anything: a gap longer than the first-byte timeout.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    kept.send(request("GET", "/api/products/2", 103, "")).await;
+    assert_eq!(kept.answer().await.status, 200);
+    assert_eq!(replica.seen().len(), 2);
+}
