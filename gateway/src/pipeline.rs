@@ -23,7 +23,8 @@
 //! `http_request_duration_seconds` under the owning service's name (`unmatched` when none).
 //! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) go to the shared axum router,
 //! exempt from the in-flight bound and the rate limits: probes and scrapers must get through
-//! a flood.
+//! a flood. They take no body: one announced (a length or chunked) is refused with 413 and
+//! the connection closed, unread, so such a request cannot hold a connection open.
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -43,7 +44,7 @@ use seckill_http::request_metrics::{self, method_label};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
-use crate::http1::{BodyState, Handler, HeadError, Incoming, Kind, Response, Wait};
+use crate::http1::{BodyState, Framing, Handler, HeadError, Incoming, Kind, Response, Wait};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 use crate::{ops, refusal};
@@ -81,6 +82,15 @@ impl Handler for Pipeline {
     async fn respond(&self, incoming: &mut Incoming<'_>, deadline: Pin<&mut Sleep>) -> Response {
         let head = incoming.head;
         if ops::is_ops(head.path()) {
+            if head.framing() != Framing::None {
+                // Refused unread: no read of it can hold the connection.
+                incoming.refuse_body();
+                return refusal::error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "operator endpoints take no request body",
+                );
+            }
             return ops::respond(&self.ops, incoming).await;
         }
         let started = Instant::now();

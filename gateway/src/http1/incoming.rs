@@ -19,7 +19,8 @@ pub enum BodyState {
     Reading,
     /// Read to its end.
     Read,
-    /// Cut short, too large or malformed: the connection is out of step and must end.
+    /// Cut short, too large, malformed, or refused unread: the connection is out of step
+    /// (or may be) and must end.
     Broken,
 }
 
@@ -80,6 +81,14 @@ impl<'a> Incoming<'a> {
     /// How far the body has been read.
     pub fn body_state(&self) -> BodyState {
         self.state
+    }
+
+    /// Leaves the body unread and ends the connection after the response, even when the
+    /// whole body is already buffered: for a request refused for having a body at all.
+    pub fn refuse_body(&mut self) {
+        if self.state == BodyState::Unread {
+            self.state = BodyState::Broken;
+        }
     }
 
     /// The whole body (empty when there is none), read once; a client waiting for

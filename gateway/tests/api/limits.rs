@@ -1,5 +1,5 @@
-//! The bounds on connections: caps on open connections (overall and per client address)
-//! and the first-byte timeout.
+//! The bounds on connections: caps on open connections (overall and per client address),
+//! the first-byte timeout, and operator endpoints that take no body.
 
 use std::time::Duration;
 
@@ -122,4 +122,33 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_first_byte_timeout(
     kept.send(request("GET", "/api/products/2", 103, "")).await;
     assert_eq!(kept.answer().await.status, 200);
     assert_eq!(replica.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn operator_endpoints_refuse_a_body_at_once_and_close() {
+    let (gateway, _replica) = gateway_with(|_| {}).await;
+    for framing in ["content-length: 10\r\n", "transfer-encoding: chunked\r\n"] {
+        // The body never comes: before, the connection was held for it forever.
+        let mut client = RawClient::connect(&gateway).await;
+        client
+            .send(format!("GET /healthz HTTP/1.1\r\nhost: x\r\n{framing}\r\n"))
+            .await;
+        let answer = client.last_answer().await;
+        assert_eq!(answer.status, 413, "{framing:?}");
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        assert_eq!(body["code"], "payload_too_large");
+    }
+    // Even a body already there is not skipped: the connection ends.
+    let mut whole = RawClient::connect(&gateway).await;
+    whole
+        .send("GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await;
+    assert_eq!(whole.last_answer().await.status, 413);
+    let mut plain = RawClient::connect(&gateway).await;
+    plain
+        .send("GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        .await;
+    let answer = plain.answer().await;
+    assert_eq!(answer.status, 200);
+    assert!(!answer.closes());
 }
