@@ -158,6 +158,8 @@ pub struct Settings {
         with = "seckill_config::formats::millis"
     )]
     pub client_first_byte_timeout: Duration,
+    /// Purchases one verified user may have in flight at once; the next gets 429.
+    pub max_purchases_per_user: usize,
 }
 
 impl Default for Settings {
@@ -211,6 +213,7 @@ impl Default for Settings {
             // address; a browser opens six per host, a NAT of a few hundred users more.
             max_connections_per_ip: 512,
             client_first_byte_timeout: Duration::from_secs(10),
+            max_purchases_per_user: 2,
         }
     }
 }
@@ -314,6 +317,9 @@ impl Settings {
         if self.client_first_byte_timeout.is_zero() {
             return Err("client_first_byte_timeout_ms must be positive".into());
         }
+        if self.max_purchases_per_user == 0 {
+            return Err("max_purchases_per_user must be positive".into());
+        }
         Ok(())
     }
 }
@@ -406,6 +412,10 @@ mod tests {
             },
             Settings {
                 client_first_byte_timeout: Duration::ZERO,
+                ..Settings::default()
+            },
+            Settings {
+                max_purchases_per_user: 0,
                 ..Settings::default()
             },
         ] {

@@ -16,7 +16,7 @@
 //!   body readers and header rules both share.
 //! - [`pipeline`] — the request path, in order: the application's `http1::Handler`;
 //!   [`ops`] — the operator endpoints through axum; [`refusal`] — the gateway's own JSON
-//!   error responses.
+//!   error responses; [`in_flight`] — the bounds on requests and purchases under way.
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
@@ -27,6 +27,7 @@ pub mod auth;
 pub mod client_ip;
 pub mod config;
 pub mod http1;
+pub mod in_flight;
 pub mod ops;
 pub mod pipeline;
 pub mod proxy;

@@ -3,34 +3,37 @@
 //!
 //! Every request that is not an operator endpoint goes, in this order:
 //!
-//! 1. **in-flight bound** — past `max_in_flight`, an immediate 503 (`Retry-After: 1`), never a
-//!    queue;
-//! 2. **request id** — the caller's if short and plain, a new UUID otherwise; forwarded and
+//! 1. **request id** — the caller's if short and plain, a new UUID otherwise; forwarded and
 //!    echoed on the response, and in the request's log span;
-//! 3. **deadline** — the rest must finish within `request_timeout_ms` (504; 408 when it was
+//! 2. **deadline** — the rest must finish within `request_timeout_ms` (504; 408 when it was
 //!    the client's body that was late), and a panic in it becomes a JSON 500 instead of a
 //!    dropped connection;
-//! 4. **who** — the client address (through trusted proxies only) and the bearer token's
+//! 3. **who** — the client address (through trusted proxies only) and the bearer token's
 //!    verdict, which refuses nothing yet;
-//! 5. **rate limit** — charged to the verified user, or to the client address when there is
+//! 4. **rate limit** — charged to the verified user, or to the client address when there is
 //!    none (garbage tokens included), against the purchase quota or the default one (429);
-//! 6. **route** — 404 for a path no service owns (400 for one with dot segments, which a
+//! 5. **route** — 404 for a path no service owns (400 for one with dot segments, which a
 //!    backend could read differently), 401 without a valid token, 403 for a non-admin on an
 //!    admin route;
-//! 7. **forward** to a replica ([`crate::proxy::forward`]), the body read only now.
+//! 6. **body** — read whole, under the deadline (413, 400, 408), only now: a refused
+//!    request's body is never waited for;
+//! 7. **bounds** — only once the body is in, so that clients trickling bodies hold no
+//!    place: past `max_purchases_per_user` purchases of this user under way, 429; past
+//!    `max_in_flight` requests, an immediate 503 (`Retry-After: 1`); never a queue
+//!    ([`crate::in_flight`]);
+//! 8. **forward** to a replica ([`crate::proxy::forward`]).
 //!
 //! Every response, shed ones included, is counted in `http_requests_total` and timed in
 //! `http_request_duration_seconds` under the owning service's name (`unmatched` when none).
 //! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) go to the shared axum router,
-//! exempt from the in-flight bound and the rate limits: probes and scrapers must get through
-//! a flood. They take no body: one announced (a length or chunked) is refused with 413 and
+//! exempt from the bounds and the rate limits: probes and scrapers must get through a
+//! flood. They take no body: one announced (a length or chunked) is refused with 413 and
 //! the connection closed, unread, so such a request cannot hold a connection open.
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -45,6 +48,7 @@ use seckill_http::request_metrics::{self, method_label};
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
 use crate::http1::{BodyState, Framing, Handler, HeadError, Incoming, Kind, Response, Wait};
+use crate::in_flight::{InFlight, Purchases};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 use crate::{ops, refusal};
@@ -62,8 +66,10 @@ pub struct Pipeline {
     pub rate_limits: RateLimits,
     /// Upstreams and forwarding settings.
     pub proxy: ProxyState,
-    /// Requests past the operator endpoints still being answered.
+    /// Requests being forwarded (their bodies in).
     pub in_flight: InFlight,
+    /// Purchases under way per user.
+    pub purchases: Purchases,
     /// Deadline for a whole request (504 beyond).
     pub request_timeout: Duration,
 }
@@ -97,12 +103,6 @@ impl Handler for Pipeline {
         let method = method_label(head.method());
         let route = proxy::route(head.path());
         let label = route.map_or("unmatched", |r| r.service.name());
-        let Some(slot) = self.in_flight.enter() else {
-            metrics::counter!("gateway_shed_total").increment(1);
-            let response = refusal::unavailable("overloaded, retry shortly");
-            record(label, method, response.status, started);
-            return response;
-        };
         let generated;
         let request_id = match head.value(Kind::RequestId) {
             Some(id) if is_usable_request_id(id) => id,
@@ -155,7 +155,6 @@ impl Handler for Pipeline {
                 )
             }
         };
-        drop(slot);
         response.push_header(b"x-request-id", request_id);
         record(label, method, response.status, started);
         response
@@ -184,7 +183,7 @@ impl Handler for Pipeline {
 }
 
 impl Pipeline {
-    /// Steps 4 to 7: who, rate limit, route, forward.
+    /// Steps 3 to 8: who, rate limit, route, body, bounds, forward.
     async fn admit(
         &self,
         incoming: &mut Incoming<'_>,
@@ -235,66 +234,34 @@ impl Pipeline {
         if route.admin_only && !caller.is_admin() {
             return auth::forbidden();
         }
-        proxy::forward(&self.proxy, route.service, &caller, incoming, request_id).await
-    }
-}
-
-/// The in-flight bound: a counter shared by every worker thread.
-#[derive(Debug)]
-pub struct InFlight {
-    now: AtomicUsize,
-    max: usize,
-}
-
-impl InFlight {
-    /// At most `max` at once.
-    pub fn new(max: usize) -> Self {
-        Self {
-            now: AtomicUsize::new(0),
-            max,
+        // Read (and kept by `incoming` for the forward) before any bound is entered.
+        if let Err(e) = incoming.body().await {
+            return proxy::refuse_body(e);
         }
-    }
-
-    /// A slot until the guard is dropped, or none when all `max` are taken.
-    fn enter(&self) -> Option<Slot<'_>> {
-        let before = self.now.fetch_add(1, Ordering::AcqRel);
-        // Taken either way, so that dropping it gives the count back either way.
-        let slot = Slot(&self.now);
-        (before < self.max).then_some(slot)
-    }
-}
-
-/// One taken in-flight slot.
-struct Slot<'a>(&'a AtomicUsize);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let _purchase = if is_purchase(incoming.head.method(), incoming.head.path()) {
+            match self.purchases.enter(caller.user_id) {
+                Some(purchase) => Some(purchase),
+                None => {
+                    metrics::counter!("gateway_purchases_refused_total").increment(1);
+                    return refusal::error(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_purchases",
+                        "too many purchases under way for this user",
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        let Some(_slot) = self.in_flight.enter() else {
+            metrics::counter!("gateway_shed_total").increment(1);
+            return refusal::unavailable("overloaded, retry shortly");
+        };
+        proxy::forward(&self.proxy, route.service, &caller, incoming, request_id).await
     }
 }
 
 /// Counts and times one response.
 fn record(route: &'static str, method: &'static str, status: StatusCode, started: Instant) {
     request_metrics::record("gateway", route, method, status, started.elapsed());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_in_flight_bound_sheds_past_max_and_frees_on_drop() {
-        let bound = InFlight::new(2);
-        let first = bound.enter().expect("first");
-        let second = bound.enter().expect("second");
-        assert!(bound.enter().is_none(), "a third is shed");
-        drop(first);
-        let third = bound.enter().expect("a freed slot is taken again");
-        drop((second, third));
-        assert_eq!(
-            bound.now.load(Ordering::Relaxed),
-            0,
-            "shed attempts leave no count"
-        );
-    }
 }

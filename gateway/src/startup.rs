@@ -12,7 +12,8 @@ use seckill_http::ops::{self, Probe};
 use crate::Settings;
 use crate::auth::{self, Authenticator};
 use crate::http1::{ConnectionLimits, HeadLimits, Outgoing};
-use crate::pipeline::{InFlight, Pipeline};
+use crate::in_flight::{InFlight, Purchases};
+use crate::pipeline::Pipeline;
 use crate::proxy::{PoolSettings, ProxyState, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve;
@@ -66,6 +67,7 @@ impl Application {
             rate_limits,
             proxy: state,
             in_flight: InFlight::new(settings.max_in_flight),
+            purchases: Purchases::new(settings.max_purchases_per_user),
             request_timeout: settings.request_timeout,
         });
 

@@ -1,5 +1,6 @@
 //! One request as the application's handler sees it: the checked head, the peer, and the
-//! body on demand — read once, with `100 Continue` sent first when the client waits for it.
+//! body on demand — read once (kept for whoever asks again), with `100 Continue` sent
+//! first when the client waits for it.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -50,6 +51,8 @@ pub struct Incoming<'a> {
     state: BodyState,
     /// Largest body (413 beyond).
     max_body_bytes: usize,
+    /// What the first read of the body gave, for every later ask.
+    read: Option<Result<Bytes, BodyError>>,
 }
 
 impl<'a> Incoming<'a> {
@@ -68,6 +71,7 @@ impl<'a> Incoming<'a> {
             connection,
             state: BodyState::Unread,
             max_body_bytes,
+            read: None,
         }
     }
 
@@ -91,9 +95,18 @@ impl<'a> Incoming<'a> {
         }
     }
 
-    /// The whole body (empty when there is none), read once; a client waiting for
-    /// `100 Continue` is told to go on first.
+    /// The whole body (empty when there is none), read once — a later call gets what the
+    /// first got; a client waiting for `100 Continue` is told to go on first.
     pub async fn body(&mut self) -> Result<Bytes, BodyError> {
+        if let Some(read) = &self.read {
+            return read.clone();
+        }
+        let read = self.read_once().await;
+        self.read = Some(read.clone());
+        read
+    }
+
+    async fn read_once(&mut self) -> Result<Bytes, BodyError> {
         if self.state != BodyState::Unread {
             return Err(BodyError::Gone);
         }

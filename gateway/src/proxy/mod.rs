@@ -118,7 +118,8 @@ pub fn has_dot_segment(path: &str) -> bool {
 }
 
 /// Forwards an admitted request of `caller` to a replica of `service`, with identity
-/// re-signed: reads the body whole (413 beyond `max_body_bytes`), tries the replicas in
+/// re-signed: takes the body whole (413 beyond `max_body_bytes`; usually read already, see
+/// `crate::pipeline`), tries the replicas in
 /// turn while nothing was sent, and responds with the replica's response or a JSON error.
 pub async fn forward(
     state: &ProxyState,
@@ -129,15 +130,7 @@ pub async fn forward(
 ) -> Response {
     let body = match incoming.body().await {
         Ok(body) => body,
-        Err(BodyError::TooLarge(limit)) => {
-            let message = format!("request bodies are limited to {limit} bytes");
-            return refusal::error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &message);
-        }
-        Err(e) => {
-            tracing::debug!(error = ?e, "client body unreadable");
-            let message = "the request body could not be read";
-            return refusal::error(StatusCode::BAD_REQUEST, "invalid_request", message);
-        }
+        Err(e) => return refuse_body(e),
     };
     let head = incoming.head;
     let trace = TraceContext::of(head);
@@ -210,6 +203,22 @@ pub async fn forward(
         return refusal::error(status, code, message);
     }
     refusal::unavailable("no upstream available, retry shortly")
+}
+
+/// The response to a request whose body could not be had: 413 when too large, 400
+/// otherwise.
+pub fn refuse_body(error: BodyError) -> Response {
+    match error {
+        BodyError::TooLarge(limit) => {
+            let message = format!("request bodies are limited to {limit} bytes");
+            refusal::error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &message)
+        }
+        e => {
+            tracing::debug!(error = ?e, "client body unreadable");
+            let message = "the request body could not be read";
+            refusal::error(StatusCode::BAD_REQUEST, "invalid_request", message)
+        }
+    }
 }
 
 fn upstream_error(upstreams: &Upstreams, kind: &'static str) {

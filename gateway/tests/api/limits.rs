@@ -1,5 +1,6 @@
-//! The bounds on connections: caps on open connections (overall and per client address),
-//! the first-byte timeout, and operator endpoints that take no body.
+//! The bounds on connections and work under way: caps on open connections (overall and per
+//! client address), the first-byte timeout, operator endpoints that take no body, the
+//! in-flight bound taken only once a body is in, and the per-user cap on purchases.
 
 use std::time::Duration;
 
@@ -151,4 +152,103 @@ async fn operator_endpoints_refuse_a_body_at_once_and_close() {
     let answer = plain.answer().await;
     assert_eq!(answer.status, 200);
     assert!(!answer.closes());
+}
+
+#[tokio::test]
+async fn slow_bodies_hold_no_in_flight_slot_and_do_not_shed_fast_requests() {
+    let (gateway, replica) = gateway_with(|s| s.max_in_flight = 1).await;
+    let mut trickling = Vec::new();
+    for user in [104, 105] {
+        let mut slow = RawClient::connect(&gateway).await;
+        slow.send(request(
+            "POST",
+            "/api/seckill/1",
+            user,
+            "expect: 100-continue\r\ncontent-length: 10\r\n",
+        ))
+        .await;
+        // Sent once the gateway wants the body: it is reading it now.
+        assert_eq!(slow.answer().await.status, 100);
+        slow.send("{\"a\"").await;
+        trickling.push(slow);
+    }
+    let mut fast = RawClient::connect(&gateway).await;
+    fast.send(request(
+        "POST",
+        "/api/seckill/2",
+        106,
+        "content-length: 2\r\n",
+    ))
+    .await;
+    fast.send("{}").await;
+    let answer = fast.answer().await;
+    assert_eq!(answer.status, 200, "not shed: {answer:?}");
+    for mut slow in trickling {
+        slow.send(":1}   ").await;
+        assert_eq!(slow.answer().await.status, 200);
+    }
+    assert_eq!(replica.seen().len(), 3);
+}
+
+#[tokio::test]
+async fn a_user_with_max_purchases_under_way_gets_429_for_the_next() {
+    let (gateway, replica) = gateway_with(|s| s.max_purchases_per_user = 1).await;
+    let mut first = RawClient::connect(&gateway).await;
+    // The replica answers a path ending in /slow after a second.
+    first
+        .send(request(
+            "POST",
+            "/api/seckill/slow",
+            107,
+            "content-length: 2\r\n",
+        ))
+        .await;
+    first.send("{}").await;
+    eventually(
+        "the purchase at the replica",
+        Duration::from_secs(5),
+        || async { (replica.arrived() == 1).then_some(()) },
+    )
+    .await;
+    let mut client = RawClient::connect(&gateway).await;
+    client
+        .send(request(
+            "POST",
+            "/api/seckill/1",
+            107,
+            "content-length: 2\r\n",
+        ))
+        .await;
+    client.send("{}").await;
+    let refused = client.answer().await;
+    assert_eq!(refused.status, 429);
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).expect("json");
+    assert_eq!(body["code"], "too_many_purchases");
+    // Another user, and the same user's other requests, are not held back.
+    client
+        .send(request(
+            "POST",
+            "/api/seckill/1",
+            108,
+            "content-length: 2\r\n",
+        ))
+        .await;
+    client.send("{}").await;
+    assert_eq!(client.answer().await.status, 200);
+    client
+        .send(request("GET", "/api/products/1", 107, ""))
+        .await;
+    assert_eq!(client.answer().await.status, 200);
+    assert_eq!(first.answer().await.status, 200);
+    // Its place back, the user buys again.
+    client
+        .send(request(
+            "POST",
+            "/api/seckill/1",
+            107,
+            "content-length: 2\r\n",
+        ))
+        .await;
+    client.send("{}").await;
+    assert_eq!(client.answer().await.status, 200);
 }
