@@ -221,6 +221,7 @@ start_gateway() {
         SECKILL_GATEWAY_RATE_PURCHASE_PER_SEC=$HIGH \
         SECKILL_GATEWAY_RATE_PURCHASE_BURST=$HIGH \
         SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024)) \
+        SECKILL_GATEWAY_MAX_CONNECTIONS_PER_IP=$((connections + 64)) \
         SECKILL_GATEWAY_LOG_FILTER=warn \
         SECKILL_LOG_FORMAT=json \
         "$bin" </dev/null >"$WORK/$name.log" 2>&1 &
