@@ -145,6 +145,9 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
+    /// Development only: run even though a secret is its public default
+    /// (`SECKILL_ALLOW_DEV_SECRETS`; see `seckill_config::refuse_public_secrets`).
+    pub allow_dev_secrets: bool,
 }
 
 impl Default for Settings {
@@ -193,6 +196,7 @@ impl Default for Settings {
             namespace: "seckill".into(),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
+            allow_dev_secrets: false,
         }
     }
 }
