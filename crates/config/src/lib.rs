@@ -108,7 +108,10 @@ pub struct BackendSettings {
 impl Default for BackendSettings {
     fn default() -> Self {
         Self {
-            host: "0.0.0.0".into(),
+            // Only the gateway is meant to be reached; a backend answers any caller holding
+            // the identity key, so it is private unless a deployment opens it (compose binds
+            // the container network).
+            host: "127.0.0.1".into(),
             database_url: "postgres://postgres:postgres@127.0.0.1:5432/seckill".into(),
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_cluster: false,
