@@ -16,5 +16,6 @@ mod ratelimit;
 mod raw;
 mod security;
 mod shared_ratelimit;
+mod startup;
 mod tokens;
 mod upstreams;
