@@ -5,6 +5,7 @@
 //! received: the token, rate-limit, upstream and overload tests use it.
 
 mod compose;
+mod compose_exposure;
 mod e2e;
 mod echo;
 mod framing;
