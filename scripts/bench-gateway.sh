@@ -199,7 +199,10 @@ start_nginx proxy
 wait_for_url "http://127.0.0.1:$NGINX_PORT/healthz" 15 || die "proxy nginx did not start"
 say "nginx proxy: 127.0.0.1:$NGINX_PORT (pid $PROXY_PID)"
 
-# The gateway: JWT (HS256, the dev secret unless the caller set one), in-memory rate limits
+# Secrets: the caller's, else fresh random ones (the gateway refuses the public defaults);
+# seckill-token below signs with the same exported SECKILL_JWT_SECRET.
+per_run_secrets
+# The gateway: JWT (HS256, the run's secret), in-memory rate limits
 # on with quotas far above what wrk can send, so every request pays for the check but none is
 # refused. Everything else at its defaults. SECKILL_CONFIG and RUST_LOG of the caller would
 # change what is measured, so they are dropped.

@@ -16,6 +16,8 @@ set -euo pipefail
 # running when it refused, so the trap is set only once it succeeded.
 "$SCRIPTS/up.sh" || exit 2
 trap '"$SCRIPTS/down.sh"' EXIT
+# The load tester mints tokens with the JWT secret up.sh gave the gateway.
+load_run_secrets || die "no $SECRETS_FILE after scripts/up.sh"
 
 # The load tester's own defaults point at the standard ports; follow an overridden one.
 export SECKILL_GATEWAY_URL="${SECKILL_GATEWAY_URL:-http://127.0.0.1:$GATEWAY_PORT}"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # the variables are used by the scripts that source this file
-# Helpers sourced by the other scripts: paths, ports, dev-default secrets, waiting.
+# Helpers sourced by the other scripts: paths, ports, per-run secrets, waiting.
 # Not meant to be run on its own.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,9 +23,12 @@ GATEWAY_PORT="${SECKILL_GATEWAY_PORT:-8080}"
 API_PORT="${SECKILL_API_PORT:-8081}"
 ORDER_PORT="${SECKILL_ORDER_PORT:-8082}"
 
-# Development defaults, documented in the README. Production must set its own.
-export SECKILL_JWT_SECRET="${SECKILL_JWT_SECRET:-seckill-dev-jwt-secret-change-me}"
-export SECKILL_INTERNAL_KEY="${SECKILL_INTERNAL_KEY:-seckill-dev-internal-key-change-me}"
+# The services' secrets. Each refuses to start on its public development value (README) unless
+# SECKILL_ALLOW_DEV_SECRETS=true, so the scripts that start services give every secret the
+# caller did not set a fresh random value (per_run_secrets); up.sh records the values in
+# SECRETS_FILE so that scripts/token.sh and demo.sh's load tester sign with the same ones.
+SECRET_VARIABLES=(SECKILL_JWT_SECRET SECKILL_INTERNAL_KEY SECKILL_ORDER_SIGNING_KEY)
+SECRETS_FILE="$RUN_DIR/secrets.env"
 
 # What infra.sh prepares and the services use by default.
 PG_HOST=127.0.0.1
@@ -123,6 +126,56 @@ running_pid() {
     # /proc/PID/comm holds at most 15 characters of the name.
     [ "$comm" = "${1:0:15}" ] || return 1
     echo "$pid"
+}
+
+# random_secret: 32 random bytes as 64 hex digits (URL- and shell-safe).
+random_secret() {
+    od -An -N32 -tx1 /dev/urandom | tr -d ' \n'
+}
+
+# per_run_secrets: exports a fresh random value for each secret the caller did not set, and
+# says which. With SECKILL_ALLOW_DEV_SECRETS=true they stay unset: the services, the load
+# tester and seckill-token then all use the public development values.
+per_run_secrets() {
+    local name unset=()
+    for name in "${SECRET_VARIABLES[@]}"; do
+        [ -n "${!name:-}" ] || unset+=("$name")
+    done
+    if ((${#unset[@]} == 0)); then
+        say "secrets: the caller's own"
+    elif [ "${SECKILL_ALLOW_DEV_SECRETS:-}" = true ]; then
+        say "secrets: SECKILL_ALLOW_DEV_SECRETS=true, so ${unset[*]} stay on the PUBLIC development values (never in production)"
+    else
+        for name in "${unset[@]}"; do
+            export "$name=$(random_secret)"
+        done
+        say "secrets: fresh random ${unset[*]} for this run (set them to choose your own)"
+    fi
+}
+
+# record_run_secrets: writes the exported secrets to SECRETS_FILE (readable by the user only)
+# for the scripts that talk to the services this run starts.
+record_run_secrets() {
+    local name
+    mkdir -p "$RUN_DIR"
+    (
+        umask 077
+        for name in "${SECRET_VARIABLES[@]}"; do
+            [ -z "${!name:-}" ] || printf '%s=%s\n' "$name" "${!name}"
+        done >"$SECRETS_FILE"
+    )
+}
+
+# load_run_secrets: exports the secrets recorded by the last scripts/up.sh that the caller did
+# not set; fails when there is no record.
+load_run_secrets() {
+    local name value
+    [ -f "$SECRETS_FILE" ] || return 1
+    while IFS='=' read -r name value; do
+        # Only the known names: the file is data, never evaluated.
+        [[ " ${SECRET_VARIABLES[*]} " == *" $name "* ]] || continue
+        [ -n "${!name:-}" ] || export "$name=$value"
+    done <"$SECRETS_FILE"
 }
 
 # psql_admin ARGS...: psql as the postgres user over TCP, as the services connect.

@@ -5,7 +5,8 @@
 #   scripts/token.sh 1 --admin     # an admin, for POST /admin/...
 #
 # Extra arguments go to seckill-token (e.g. --ttl-secs 600). Signs with SECKILL_JWT_SECRET,
-# else the development default the services use.
+# else the one scripts/up.sh gave the running gateway (run/secrets.env), else the public
+# development default (for a gateway started with SECKILL_ALLOW_DEV_SECRETS=true).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -24,5 +25,9 @@ elif [ ! -x "$BIN_DIR/seckill-token" ]; then
     require_cargo
 fi
 
-# seckill-token reads SECKILL_JWT_SECRET (exported by lib.sh), which keeps it out of `ps`.
+load_run_secrets || true
+if [ -z "${SECKILL_JWT_SECRET:-}" ]; then
+    say "no SECKILL_JWT_SECRET and no $SECRETS_FILE: signing with the public development secret"
+fi
+# seckill-token reads SECKILL_JWT_SECRET from the environment, which keeps it out of `ps`.
 exec "$BIN_DIR/seckill-token" --sub "$user_id" "$@"

@@ -4,6 +4,12 @@
 #
 # Waits until every service's /readyz answers 200 (SECKILL_UP_TIMEOUT seconds, default 90).
 # If one fails, prints the end of its log, stops what this run started and exits 1.
+#
+# Secrets the caller did not set (SECKILL_JWT_SECRET, SECKILL_INTERNAL_KEY,
+# SECKILL_ORDER_SIGNING_KEY) get fresh random values, recorded in run/secrets.env for
+# scripts/token.sh and demo.sh; SECKILL_ALLOW_DEV_SECRETS=true runs on the public development
+# values instead. The backends listen on loopback (their default); the gateway on every
+# interface.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -28,6 +34,8 @@ say "building release binaries"
 (cd "$ROOT" && cargo build --release -p gateway -p seckill-api -p order-service -p seckill-loadtest)
 
 mkdir -p "$LOG_DIR" "$PID_DIR"
+per_run_secrets
+record_run_secrets
 
 export SECKILL_LOG_FORMAT=json
 export SECKILL_GATEWAY_SECKILL_API_URLS="${SECKILL_GATEWAY_SECKILL_API_URLS:-http://127.0.0.1:$API_PORT}"
@@ -91,7 +99,8 @@ Seckill is up.
   gateway        http://127.0.0.1:$GATEWAY_PORT   (the public API)
   seckill-api    http://127.0.0.1:$API_PORT   (/healthz /readyz /metrics)
   order-service  http://127.0.0.1:$ORDER_PORT   (/healthz /readyz /metrics)
-  RabbitMQ UI    http://127.0.0.1:$RABBIT_UI_PORT  (guest/guest)
+  RabbitMQ UI    http://127.0.0.1:$RABBIT_UI_PORT  (guest/guest: RabbitMQ lets guest in from loopback only)
+  secrets        $SECRETS_FILE   (scripts/token.sh signs with them)
   logs           $LOG_DIR/{gateway,seckill-api,order-service}.log
   stop with      scripts/down.sh
 EOF

@@ -160,6 +160,9 @@ pub struct Settings {
     pub client_first_byte_timeout: Duration,
     /// Purchases one verified user may have in flight at once; the next gets 429.
     pub max_purchases_per_user: usize,
+    /// Development only: run even though a secret is its public default
+    /// (`SECKILL_ALLOW_DEV_SECRETS`; see `seckill_config::refuse_public_secrets`).
+    pub allow_dev_secrets: bool,
 }
 
 impl Default for Settings {
@@ -214,6 +217,7 @@ impl Default for Settings {
             max_connections_per_ip: 512,
             client_first_byte_timeout: Duration::from_secs(10),
             max_purchases_per_user: 2,
+            allow_dev_secrets: false,
         }
     }
 }

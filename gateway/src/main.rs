@@ -1,6 +1,8 @@
-//! gateway binary: load settings, set up telemetry, run.
+//! gateway binary: load settings, refuse public development secrets, set up telemetry, run.
 
 use gateway::{Application, Settings};
+use seckill_auth::JwtAlgorithm;
+use seckill_config::{DEV_INTERNAL_KEY, DEV_JWT_SECRET, SecretCheck};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -10,12 +12,24 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("gateway")?;
+    let mut secrets: Vec<SecretCheck<'_>> = vec![(
+        "SECKILL_INTERNAL_KEY",
+        &settings.internal_key,
+        DEV_INTERNAL_KEY,
+    )];
+    // A public-key algorithm never reads the HMAC secret, so its default is harmless there.
+    if settings.jwt_algorithm == JwtAlgorithm::HS256 {
+        secrets.insert(
+            0,
+            ("SECKILL_JWT_SECRET", &settings.jwt_secret, DEV_JWT_SECRET),
+        );
+    }
+    let public = seckill_config::refuse_public_secrets(&secrets, settings.allow_dev_secrets)?;
     seckill_telemetry::init_tracing("gateway", &settings.log_filter, settings.log_format);
-    let dev_jwt_secret = settings.jwt_algorithm == seckill_auth::JwtAlgorithm::HS256
-        && settings.jwt_secret.expose() == seckill_config::DEV_JWT_SECRET;
-    if dev_jwt_secret || settings.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
+    if !public.is_empty() {
         tracing::warn!(
-            "running with development secrets; set SECKILL_JWT_SECRET and SECKILL_INTERNAL_KEY"
+            secrets = ?public,
+            "running on public development secrets (SECKILL_ALLOW_DEV_SECRETS=true): never in production"
         );
     }
     tracing::info!(?settings, "starting");

@@ -1,5 +1,5 @@
-//! order-service binary: load settings, set up telemetry, run — or an operator command
-//! (see [`order_service::cli`]).
+//! order-service binary: load settings, refuse public development secrets, set up telemetry,
+//! run — or an operator command (see [`order_service::cli`]).
 
 use clap::Parser;
 
@@ -11,15 +11,20 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let settings: Settings = seckill_config::load("order")?;
     if let Some(command) = cli.command {
+        // An operator command serves nobody and signs nothing: no secret check.
         return command.run(&settings).await;
     }
+    let public = settings.backend.refuse_public_secrets()?;
     seckill_telemetry::init_tracing(
         "order-service",
         &settings.backend.log_filter,
         settings.backend.log_format,
     );
-    if settings.backend.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
-        tracing::warn!("running with the development internal key; set SECKILL_INTERNAL_KEY");
+    if !public.is_empty() {
+        tracing::warn!(
+            secrets = ?public,
+            "running on public development secrets (SECKILL_ALLOW_DEV_SECRETS=true): never in production"
+        );
     }
     tracing::info!(?settings, "starting");
     let app = Application::build(settings).await?;

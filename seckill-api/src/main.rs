@@ -1,17 +1,22 @@
-//! seckill-api binary: load settings, set up telemetry, run.
+//! seckill-api binary: load settings, refuse public development secrets, set up telemetry,
+//! run.
 
 use seckill_api::{Application, Settings};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("api")?;
+    let public = settings.backend.refuse_public_secrets()?;
     seckill_telemetry::init_tracing(
         "seckill-api",
         &settings.backend.log_filter,
         settings.backend.log_format,
     );
-    if settings.backend.internal_key.expose() == seckill_config::DEV_INTERNAL_KEY {
-        tracing::warn!("running with the development internal key; set SECKILL_INTERNAL_KEY");
+    if !public.is_empty() {
+        tracing::warn!(
+            secrets = ?public,
+            "running on public development secrets (SECKILL_ALLOW_DEV_SECRETS=true): never in production"
+        );
     }
     tracing::info!(?settings, "starting");
     let app = Application::build(settings).await?;

@@ -8,8 +8,14 @@
 //! Secrets are wrapped in [`Secret`], which never prints its value. Durations, lists and
 //! choices are read into their types at start by the adapters of [`formats`], so a bad
 //! value stops the service with the variable named instead of surfacing at a call site.
+//!
+//! A secret left on its public development value stops a service's binary unless
+//! `SECKILL_ALLOW_DEV_SECRETS=true` ([`dev_secrets`]).
 
+pub mod dev_secrets;
 pub mod formats;
+
+pub use dev_secrets::{ALLOW_DEV_SECRETS_VARIABLE, SecretCheck, refuse_public_secrets};
 
 use std::fmt;
 use std::time::Duration;
@@ -28,6 +34,10 @@ pub enum ConfigError {
     /// The values parsed but break a rule of the service (checked by [`Validate`]).
     #[error("invalid configuration: {0}")]
     Rule(String),
+    /// A secret is still its public development value and the development switch is off
+    /// (checked by [`refuse_public_secrets`]).
+    #[error("{0}")]
+    PublicSecret(String),
 }
 
 /// Rules a service checks on its settings once they are loaded.
@@ -90,12 +100,18 @@ pub struct BackendSettings {
     pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
+    /// Development only: run even though a secret is its public default
+    /// (`SECKILL_ALLOW_DEV_SECRETS`).
+    pub allow_dev_secrets: bool,
 }
 
 impl Default for BackendSettings {
     fn default() -> Self {
         Self {
-            host: "0.0.0.0".into(),
+            // Only the gateway is meant to be reached; a backend answers any caller holding
+            // the identity key, so it is private unless a deployment opens it (compose binds
+            // the container network).
+            host: "127.0.0.1".into(),
             database_url: "postgres://postgres:postgres@127.0.0.1:5432/seckill".into(),
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_cluster: false,
@@ -107,6 +123,7 @@ impl Default for BackendSettings {
             startup_patience: Duration::from_secs(60),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
+            allow_dev_secrets: false,
         }
     }
 }
@@ -114,6 +131,20 @@ impl Default for BackendSettings {
 impl Validate for BackendSettings {
     fn validate(&self) -> Result<(), String> {
         validate_namespace(&self.namespace)
+    }
+}
+
+impl BackendSettings {
+    /// The backend's secrets with their public development values, for
+    /// [`refuse_public_secrets`].
+    pub fn secret_checks(&self) -> Vec<SecretCheck<'_>> {
+        vec![("SECKILL_INTERNAL_KEY", &self.internal_key, DEV_INTERNAL_KEY)]
+    }
+
+    /// Stops a backend on a public development secret unless `allow_dev_secrets`; returns
+    /// the variables still on one (allowed) for a warning.
+    pub fn refuse_public_secrets(&self) -> Result<Vec<&str>, ConfigError> {
+        refuse_public_secrets(&self.secret_checks(), self.allow_dev_secrets)
     }
 }
 
@@ -168,11 +199,12 @@ impl From<&str> for Secret {
     }
 }
 
-/// The JWT secret used when none is configured. Documented in the README; services log a
-/// warning when they run with it.
+/// The JWT secret used when none is configured. Documented in the README, so public: the
+/// gateway refuses to start with it unless `SECKILL_ALLOW_DEV_SECRETS=true`.
 pub const DEV_JWT_SECRET: &str = "seckill-dev-jwt-secret-change-me";
 
-/// The gateway-to-backend identity key used when none is configured.
+/// The gateway-to-backend identity key used when none is configured; public like
+/// [`DEV_JWT_SECRET`], and refused the same way.
 pub const DEV_INTERNAL_KEY: &str = "seckill-dev-internal-key-change-me";
 
 /// Checks a namespace: it prefixes Redis keys, AMQP names and (in tests) database names.

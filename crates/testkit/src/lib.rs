@@ -14,6 +14,7 @@ pub mod broker_cluster;
 pub mod latency_proxy;
 pub mod own_postgres;
 pub mod own_redis;
+pub mod process;
 
 pub use broker::OwnBroker;
 pub use broker_cluster::OwnBrokerCluster;

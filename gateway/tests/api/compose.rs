@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_norway::{Mapping, Value};
 
 /// The services built from this repository, each with the prefix of its own variables.
-const OURS: [(&str, &str); 3] = [
+pub(crate) const OURS: [(&str, &str); 3] = [
     ("gateway", "SECKILL_GATEWAY_"),
     ("seckill-api", "SECKILL_API_"),
     ("order-service", "SECKILL_ORDER_"),
@@ -20,24 +20,37 @@ const INFRA: [&str; 3] = ["postgres", "redis", "rabbitmq"];
 /// Scaled with `--scale`: a fixed container name or host port would stop a second replica.
 const SCALABLE: [&str; 2] = ["seckill-api", "order-service"];
 
-fn compose() -> Value {
+/// The compose file as written, before compose interpolates `${...}`.
+pub(crate) fn compose_text() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker-compose.yml");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    let mut doc: Value =
-        serde_norway::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"));
-    // Compose resolves `<<:` merge keys; do the same so a later refactor may use them.
-    doc.apply_merge()
-        .expect("merge keys of docker-compose.yml resolve");
-    doc
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 
-fn services(doc: &Value) -> &Mapping {
+/// The parsed compose file, merge keys resolved.
+pub(crate) fn compose() -> Value {
+    let mut doc: Value = serde_norway::from_str(&compose_text())
+        .unwrap_or_else(|e| panic!("parse docker-compose.yml: {e}"));
+    // Compose resolves `<<:` merge keys, nested ones too (an anchor that merges another);
+    // `apply_merge` resolves one level per pass, so repeat until nothing changes.
+    loop {
+        let before = doc.clone();
+        doc.apply_merge()
+            .expect("merge keys of docker-compose.yml resolve");
+        if doc == before {
+            return doc;
+        }
+    }
+}
+
+/// The `services` mapping.
+pub(crate) fn services(doc: &Value) -> &Mapping {
     doc.get("services")
         .and_then(Value::as_mapping)
         .expect("docker-compose.yml has a `services` mapping")
 }
 
-fn service<'a>(doc: &'a Value, name: &str) -> &'a Value {
+/// One service, by name.
+pub(crate) fn service<'a>(doc: &'a Value, name: &str) -> &'a Value {
     services(doc)
         .get(name)
         .unwrap_or_else(|| panic!("docker-compose.yml has no service `{name}`"))
@@ -71,7 +84,7 @@ fn scalar_text(value: &Value) -> String {
 }
 
 /// A service's environment, from either form compose accepts (mapping or `KEY=value` list).
-fn environment(service: &Value) -> BTreeMap<String, String> {
+pub(crate) fn environment(service: &Value) -> BTreeMap<String, String> {
     match service.get("environment") {
         None => BTreeMap::new(),
         Some(Value::Mapping(vars)) => vars
@@ -97,13 +110,24 @@ fn environment(service: &Value) -> BTreeMap<String, String> {
     }
 }
 
-/// The settings field a variable fills on a service whose own prefix is `own_prefix`.
-fn field_for(variable: &str, own_prefix: &str) -> Option<String> {
-    variable
-        .strip_prefix(own_prefix)
-        .or_else(|| variable.strip_prefix("SECKILL_"))
-        .map(str::to_ascii_lowercase)
+/// The settings fields a variable may fill on a service whose own prefix is `own_prefix`:
+/// the loader reads it both as a shared `SECKILL_` variable and, when it starts with the
+/// service's own prefix, as one of its own (`SECKILL_ORDER_SIGNING_KEY` is the shared
+/// `order_signing_key` and order-service's own `signing_key`).
+fn fields_for(variable: &str, own_prefix: &str) -> Vec<String> {
+    [
+        variable.strip_prefix(own_prefix),
+        variable.strip_prefix("SECKILL_"),
+    ]
+    .into_iter()
+    .flatten()
+    .map(str::to_ascii_lowercase)
+    .collect()
 }
+
+/// Settings compose passes before the change that adds their field lands (issue 18 item 2
+/// adds `order_signing_key` to the backends); delete an entry once its field exists.
+const AWAITED_FIELDS: [&str; 1] = ["order_signing_key"];
 
 #[test]
 fn every_seckill_variable_on_a_service_names_one_of_its_settings() {
@@ -119,9 +143,12 @@ fn every_seckill_variable_on_a_service_names_one_of_its_settings() {
         );
         // SECKILL_CONFIG names the settings file; it is not a field.
         for variable in ours.into_iter().filter(|v| *v != "SECKILL_CONFIG") {
-            let field = field_for(variable, own_prefix).expect("starts with SECKILL_");
-            if !fields.contains(&field) {
-                unknown.push(format!("{name}: {variable} (no field `{field}`)"));
+            let candidates = fields_for(variable, own_prefix);
+            let known = candidates
+                .iter()
+                .any(|f| fields.contains(f) || AWAITED_FIELDS.contains(&f.as_str()));
+            if !known {
+                unknown.push(format!("{name}: {variable} (no field {candidates:?})"));
             }
         }
     }

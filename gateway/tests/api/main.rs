@@ -5,6 +5,7 @@
 //! received: the token, rate-limit, upstream and overload tests use it.
 
 mod compose;
+mod compose_exposure;
 mod e2e;
 mod echo;
 mod framing;
@@ -18,5 +19,6 @@ mod raw;
 mod security;
 mod shared_ratelimit;
 mod strict;
+mod startup;
 mod tokens;
 mod upstreams;

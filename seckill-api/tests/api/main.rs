@@ -12,3 +12,4 @@ mod products;
 mod purchase;
 mod relay;
 mod resilience;
+mod startup;
