@@ -18,7 +18,7 @@ mod ratelimit;
 mod raw;
 mod security;
 mod shared_ratelimit;
-mod strict;
 mod startup;
+mod strict;
 mod tokens;
 mod upstreams;
