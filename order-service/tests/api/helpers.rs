@@ -135,6 +135,14 @@ impl TestApp {
         routed(self.send(body, message_id).await).await;
     }
 
+    /// Publishes `msg` with `signature` (or none) instead of its own, as an attacker who
+    /// reaches the queue would.
+    pub async fn publish_signed_as(&self, msg: &OrderMessage, signature: Option<&str>) {
+        let body = serde_json::to_vec(msg).expect("serialize");
+        let message_id = msg.request_id.to_string();
+        routed(self.send_with(&body, &message_id, signature).await).await;
+    }
+
     /// Publishes every message with all confirms in flight at once (a storm, not a trickle).
     pub async fn publish_many(&self, msgs: &[OrderMessage]) {
         let mut confirms = Vec::with_capacity(msgs.len());

@@ -8,4 +8,5 @@ mod outage;
 mod parking;
 mod payment;
 mod retries;
+mod signature;
 mod topology;
