@@ -145,6 +145,11 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
+    /// Interface of the operator listener (`/metrics`, the detailed `/readyz`): loopback by
+    /// default, so only the host (or a scraper beside it) reaches what they tell.
+    pub admin_host: String,
+    /// Port of the operator listener; 0 picks a free one (tests).
+    pub admin_port: u16,
 }
 
 impl Default for Settings {
@@ -193,6 +198,8 @@ impl Default for Settings {
             namespace: "seckill".into(),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
+            admin_host: "127.0.0.1".into(),
+            admin_port: 9080,
         }
     }
 }
@@ -279,6 +286,9 @@ impl Validate for Settings {
             if self.rate_limit_redis_timeout.is_zero() {
                 return Err("rate_limit_redis_timeout_ms must be positive".into());
             }
+        }
+        if self.admin_host.trim().is_empty() {
+            return Err("admin_host must name an interface".into());
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ mod framing;
 mod helpers;
 mod keepalive;
 mod ledger;
+mod operator;
 mod overload;
 mod ratelimit;
 mod raw;
