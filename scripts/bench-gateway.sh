@@ -166,7 +166,11 @@ free_port >"$WORK/port"; UPSTREAM_PORT=$(<"$WORK/port")
 free_port >"$WORK/port"; GATEWAY_PORT_BENCH=$(<"$WORK/port")
 free_port >"$WORK/port"; NGINX_PORT=$(<"$WORK/port")
 free_port >"$WORK/port"; BASELINE_PORT=$(<"$WORK/port")
-taken=("$UPSTREAM_PORT" "$GATEWAY_PORT_BENCH" "$NGINX_PORT" "$BASELINE_PORT")
+# The gateways' operator listeners (/readyz, /metrics), one each: the default is shared.
+free_port >"$WORK/port"; GATEWAY_ADMIN_PORT=$(<"$WORK/port")
+free_port >"$WORK/port"; BASELINE_ADMIN_PORT=$(<"$WORK/port")
+taken=("$UPSTREAM_PORT" "$GATEWAY_PORT_BENCH" "$NGINX_PORT" "$BASELINE_PORT"
+    "$GATEWAY_ADMIN_PORT" "$BASELINE_ADMIN_PORT")
 
 render() { # render TEMPLATE OUT
     sed -e "s|@WORK@|$WORK|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM_PORT|g" \
@@ -207,13 +211,15 @@ per_run_secrets
 # refused. Everything else at its defaults. SECKILL_CONFIG and RUST_LOG of the caller would
 # change what is measured, so they are dropped.
 HIGH=1000000
-# start_gateway NAME BINARY PORT: starts a gateway, waits until it is ready; its pid goes to
-# `pids` and to NAME_PID.
+# start_gateway NAME BINARY PORT ADMIN_PORT: starts a gateway, waits until it is ready; its
+# pid goes to `pids` and to NAME_PID. Readiness is asked on the operator port, or on the
+# public one for a baseline built before the operator listener existed.
 start_gateway() {
-    local name=$1 bin=$2 port=$3 pid
+    local name=$1 bin=$2 port=$3 admin=$4 pid
     env -u SECKILL_CONFIG -u RUST_LOG \
         SECKILL_HOST=127.0.0.1 \
         SECKILL_GATEWAY_PORT="$port" \
+        SECKILL_GATEWAY_ADMIN_PORT="$admin" \
         SECKILL_GATEWAY_SECKILL_API_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
         SECKILL_GATEWAY_ORDER_SERVICE_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
         SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
@@ -233,15 +239,15 @@ start_gateway() {
     printf -v "${name^^}_PID" '%s' "$pid"
     gateway_ready() {
         alive "$pid" || { tail -n 20 "$WORK/$name.log" >&2; die "$name exited"; }
-        http_ok "http://127.0.0.1:$port/readyz"
+        http_ok "http://127.0.0.1:$admin/readyz" || http_ok "http://127.0.0.1:$port/readyz"
     }
     wait_until 30 "$name" gateway_ready || { tail -n 20 "$WORK/$name.log" >&2; exit 1; }
     say "$name: 127.0.0.1:$port (pid $pid, $bin)"
 }
-start_gateway gateway "$BIN_DIR/gateway" "$GATEWAY_PORT_BENCH"
+start_gateway gateway "$BIN_DIR/gateway" "$GATEWAY_PORT_BENCH" "$GATEWAY_ADMIN_PORT"
 paths=(direct gateway nginx)
 if [ -n "$baseline" ]; then
-    start_gateway baseline "$baseline" "$BASELINE_PORT"
+    start_gateway baseline "$baseline" "$BASELINE_PORT" "$BASELINE_ADMIN_PORT"
     paths+=(baseline)
 fi
 

@@ -41,6 +41,16 @@ export SECKILL_LOG_FORMAT=json
 export SECKILL_GATEWAY_SECKILL_API_URLS="${SECKILL_GATEWAY_SECKILL_API_URLS:-http://127.0.0.1:$API_PORT}"
 export SECKILL_GATEWAY_ORDER_SERVICE_URLS="${SECKILL_GATEWAY_ORDER_SERVICE_URLS:-http://127.0.0.1:$ORDER_PORT}"
 
+# Where a service's /readyz is: the gateway's on its operator port (loopback only), the
+# backends' on their own.
+GATEWAY_ADMIN_PORT="${SECKILL_GATEWAY_ADMIN_PORT:-9080}"
+ready_url_of() {
+    case $1 in
+    gateway) echo "http://127.0.0.1:$GATEWAY_ADMIN_PORT/readyz" ;;
+    *) echo "http://127.0.0.1:$(port_of "$1")/readyz" ;;
+    esac
+}
+
 started=()
 ready=0
 # Leaves nothing half-started behind when a service fails or the user presses Ctrl-C.
@@ -72,7 +82,7 @@ while ((${#pending[@]} > 0)); do
             tail -n 40 "$(log_file "$svc")" >&2
             exit 1
         fi
-        if http_ok "http://127.0.0.1:$(port_of "$svc")/readyz"; then
+        if http_ok "$(ready_url_of "$svc")"; then
             say "$svc ready"
         else
             still+=("$svc")
@@ -82,7 +92,7 @@ while ((${#pending[@]} > 0)); do
     ((${#pending[@]} == 0)) && break
     if ((SECONDS >= deadline)); then
         for svc in "${pending[@]}"; do
-            url="http://127.0.0.1:$(port_of "$svc")/readyz"
+            url=$(ready_url_of "$svc")
             printf 'error: %s not ready after %ss (%s says: %s); last lines of %s:\n' \
                 "$svc" "$limit" "$url" "$(curl -sS --max-time 3 "$url" 2>&1 || true)" "$(log_file "$svc")" >&2
             tail -n 40 "$(log_file "$svc")" >&2
@@ -96,7 +106,8 @@ ready=1
 cat <<EOF
 
 Seckill is up.
-  gateway        http://127.0.0.1:$GATEWAY_PORT   (the public API)
+  gateway        http://127.0.0.1:$GATEWAY_PORT   (the public API, /healthz)
+                 http://127.0.0.1:$GATEWAY_ADMIN_PORT   (operator: /readyz /metrics)
   seckill-api    http://127.0.0.1:$API_PORT   (/healthz /readyz /metrics)
   order-service  http://127.0.0.1:$ORDER_PORT   (/healthz /readyz /metrics)
   RabbitMQ UI    http://127.0.0.1:$RABBIT_UI_PORT  (guest/guest: RabbitMQ lets guest in from loopback only)

@@ -163,6 +163,11 @@ pub struct Settings {
     /// Development only: run even though a secret is its public default
     /// (`SECKILL_ALLOW_DEV_SECRETS`; see `seckill_config::refuse_public_secrets`).
     pub allow_dev_secrets: bool,
+    /// Interface of the operator listener (`/metrics`, the detailed `/readyz`): loopback by
+    /// default, so only the host (or a scraper beside it) reaches what they tell.
+    pub admin_host: String,
+    /// Port of the operator listener; 0 picks a free one (tests).
+    pub admin_port: u16,
 }
 
 impl Default for Settings {
@@ -218,6 +223,8 @@ impl Default for Settings {
             client_first_byte_timeout: Duration::from_secs(10),
             max_purchases_per_user: 2,
             allow_dev_secrets: false,
+            admin_host: "127.0.0.1".into(),
+            admin_port: 9080,
         }
     }
 }
@@ -304,6 +311,9 @@ impl Validate for Settings {
             if self.rate_limit_redis_timeout.is_zero() {
                 return Err("rate_limit_redis_timeout_ms must be positive".into());
             }
+        }
+        if self.admin_host.trim().is_empty() {
+            return Err("admin_host must name an interface".into());
         }
         self.validate_connection_limits()?;
         Ok(())

@@ -15,8 +15,9 @@
 //!   framing, keep-alive) generic over a handler, the client for the upstream leg, the
 //!   body readers and header rules both share.
 //! - [`pipeline`] — the request path, in order: the application's `http1::Handler`;
-//!   [`ops`] — the operator endpoints through axum; [`refusal`] — the gateway's own JSON
-//!   error responses; [`in_flight`] — the bounds on requests and purchases under way.
+//!   [`ops`] — the public `/healthz`, and the operator listener (`/metrics`, `/readyz`)
+//!   on loopback; [`refusal`] — the gateway's own JSON error responses; [`in_flight`] —
+//!   the bounds on requests and purchases under way.
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.

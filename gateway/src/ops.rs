@@ -1,11 +1,23 @@
-//! The operator endpoints (`/healthz`, `/readyz`, `/metrics`): served by the shared axum
-//! router, their requests and responses carried across to and from the gateway's own
-//! HTTP/1.1 types here, the one place the request path meets axum.
+//! The operator endpoints, split by who may reach them.
+//!
+//! - The public port answers `/healthz` only, with `{"status":"ok"}`: a load balancer learns
+//!   the process answers and nothing else. Its request and response are carried across to
+//!   and from the gateway's own HTTP/1.1 types here, the one place the request path meets
+//!   axum. `/metrics` and `/readyz` there are paths like any unknown one (404).
+//! - The operator listener ([`serve_admin`], `admin_host`:`admin_port`, loopback by default)
+//!   serves the shared router: `/healthz`, the detailed `/readyz` (which upstream answers)
+//!   and `/metrics` (whose `gateway_auth_failures_total{reason}` would tell an attacker why
+//!   a forged token failed).
+
+use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::StatusCode;
+use axum::routing::get;
 use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::http1::{Incoming, Response, with_date};
@@ -14,9 +26,31 @@ use crate::refusal;
 /// Largest body of an operator endpoint's response (metrics).
 const MAX_LOCAL_BODY: usize = 16 * 1024 * 1024;
 
-/// Whether `path` is an operator endpoint, served by the ops router.
+/// Whether `path` is the public port's operator endpoint, served by [`public_router`].
 pub fn is_ops(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz" | "/metrics")
+    path == "/healthz"
+}
+
+/// The public port's operator router: `/healthz` answering `{"status":"ok"}`.
+pub fn public_router() -> Router {
+    Router::new().route(
+        "/healthz",
+        get(|| async { axum::Json(serde_json::json!({ "status": "ok" })) }),
+    )
+}
+
+/// Serves `router` (the operator endpoints) on `listener` until `cancel`.
+pub async fn serve_admin(
+    listener: TcpListener,
+    router: Router,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(cancel.cancelled_owned())
+    .await
 }
 
 /// An operator endpoint's response, through `router`.

@@ -25,10 +25,11 @@
 //!
 //! Every response, shed ones included, is counted in `http_requests_total` and timed in
 //! `http_request_duration_seconds` under the owning service's name (`unmatched` when none).
-//! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) go to the shared axum router,
-//! exempt from the bounds and the rate limits: probes and scrapers must get through a
-//! flood. They take no body: one announced (a length or chunked) is refused with 413 and
-//! the connection closed, unread, so such a request cannot hold a connection open.
+//! The public `/healthz` goes to [`ops::public_router`], exempt from the bounds and the rate
+//! limits: probes must get through a flood. It takes no body: one announced (a length or
+//! chunked) is refused with 413 and the connection closed, unread, so such a request cannot
+//! hold a connection open. `/metrics` and `/readyz` are served on the operator listener only
+//! (see [`crate::ops`]); here they are unknown paths.
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -56,7 +57,7 @@ use crate::{ops, refusal};
 /// Everything a request needs on its way through the gateway: the application's
 /// [`Handler`] for the HTTP/1.1 server.
 pub struct Pipeline {
-    /// `/healthz`, `/readyz`, `/metrics`.
+    /// The public `/healthz`.
     pub ops: Router,
     /// Verifies bearer tokens.
     pub auth: Authenticator,

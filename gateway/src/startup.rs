@@ -23,6 +23,10 @@ use crate::serve;
 pub struct Application {
     listener: TcpListener,
     port: u16,
+    /// The operator listener (`/metrics`, the detailed `/readyz`), apart from the public port.
+    admin: TcpListener,
+    admin_addr: std::net::SocketAddr,
+    admin_router: axum::Router,
     pipeline: Arc<Pipeline>,
     cancel: CancellationToken,
     limits: ConnectionLimits,
@@ -61,7 +65,7 @@ impl Application {
         let rate_limits = RateLimits::build(&settings).await?;
         let housekeeping = rate_limits.clone();
         let pipeline = Arc::new(Pipeline {
-            ops: seckill_http::layers::instrument(ops::router(probes), "gateway"),
+            ops: crate::ops::public_router(),
             auth: Authenticator::new(auth::verifier(&settings)?, settings.jwt_cache_entries),
             trusted_proxies,
             rate_limits,
@@ -75,11 +79,20 @@ impl Application {
             .await
             .with_context(|| format!("bind {}:{}", settings.host, settings.port))?;
         let port = listener.local_addr()?.port();
+        let admin = TcpListener::bind((settings.admin_host.as_str(), settings.admin_port))
+            .await
+            .with_context(|| {
+                format!("bind admin {}:{}", settings.admin_host, settings.admin_port)
+            })?;
+        let admin_addr = admin.local_addr()?;
         // Only now: a build that failed leaves no task behind.
         housekeeping.spawn_housekeeping(cancel.clone());
         Ok(Self {
             listener,
             port,
+            admin,
+            admin_addr,
+            admin_router: seckill_http::layers::instrument(ops::router(probes), "gateway"),
             pipeline,
             cancel,
             limits: ConnectionLimits {
@@ -103,6 +116,16 @@ impl Application {
         self.port
     }
 
+    /// The bound operator port (useful with `admin_port` 0).
+    pub fn admin_port(&self) -> u16 {
+        self.admin_addr.port()
+    }
+
+    /// The operator listener's bound address (loopback unless `admin_host` says otherwise).
+    pub fn admin_addr(&self) -> std::net::SocketAddr {
+        self.admin_addr
+    }
+
     /// A token that stops the application when cancelled (tests; signals do the same).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.cancel.clone()
@@ -110,7 +133,19 @@ impl Application {
 
     /// Serves until SIGINT/SIGTERM or the shutdown token, letting in-flight requests finish.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        tracing::info!(port = self.port, "gateway listening");
+        tracing::info!(
+            port = self.port,
+            admin = %self.admin_addr,
+            "gateway listening"
+        );
+        // Stops with the public server: `serve` cancels the token on its way out. A failure
+        // is logged when it happens; the public port keeps serving without it.
+        let (admin, admin_router, cancel) = (self.admin, self.admin_router, self.cancel.clone());
+        let admin = tokio::spawn(async move {
+            if let Err(e) = crate::ops::serve_admin(admin, admin_router, cancel).await {
+                tracing::error!(error = %e, "operator listener failed");
+            }
+        });
         serve::serve(
             self.listener,
             self.pipeline,
@@ -120,6 +155,7 @@ impl Application {
         )
         .await
         .context("serve http")?;
+        let _ = admin.await;
         tracing::info!("gateway stopped");
         Ok(())
     }

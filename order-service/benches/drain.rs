@@ -12,10 +12,8 @@
 use std::time::{Duration, Instant};
 
 use chrono::{Duration as ChronoDuration, Utc};
-use lapin::BasicProperties;
-use lapin::options::BasicPublishOptions;
 
-use seckill_messaging::OrderMessage;
+use seckill_messaging::{OrderMessage, OrderSigner};
 use seckill_testkit::TestNamespace;
 
 struct Options {
@@ -112,6 +110,7 @@ async fn drain_rate(opts: &Options) -> f64 {
         .await
         .expect("confirms");
     let topology = ns.topology();
+    let signer = OrderSigner::new(ns.backend_settings().order_signing_key.expose());
     let mut confirms = Vec::with_capacity(opts.messages);
     for user in 1..=opts.messages as i64 {
         let msg = OrderMessage {
@@ -123,18 +122,18 @@ async fn drain_rate(opts: &Options) -> f64 {
             bucket: None,
         };
         let body = serde_json::to_vec(&msg).expect("json");
-        let confirm = channel
-            .basic_publish(
-                topology.exchange.as_str().into(),
-                topology.routing_key.as_str().into(),
-                BasicPublishOptions::default(),
-                &body,
-                BasicProperties::default()
-                    .with_message_id(msg.request_id.to_string().as_str().into())
-                    .with_delivery_mode(2),
-            )
-            .await
-            .expect("publish");
+        // As seckill-api publishes it (signed: order-service refuses anything else).
+        let request_id = msg.request_id.to_string();
+        let confirm = seckill_messaging::publish_order(
+            &channel,
+            &signer,
+            &topology,
+            &request_id,
+            "bench",
+            &body,
+        )
+        .await
+        .expect("publish");
         confirms.push(confirm);
     }
     for confirm in confirms {

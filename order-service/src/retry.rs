@@ -1,8 +1,9 @@
 //! What to do with a message that failed, and how much retrying the service allows itself.
 //!
 //! Three kinds of failure, three answers:
-//! - **permanent** (unparseable body, unknown product, no database stock): dead-letter at
-//!   once, with the reason in the `x-error-code` header; retrying cannot help;
+//! - **permanent** (no valid signature, unparseable body, unknown product, no database
+//!   stock): dead-letter at once, with the reason in the `x-error-code` header; retrying
+//!   cannot help;
 //! - **transient, this message** (a lock wait that timed out, a deadlock, a serialization
 //!   failure): publish it to the next retry tier (a queue whose TTL dead-letters it back to
 //!   the main exchange), `x-attempt` + 1; after `max_attempts` it is dead-lettered as

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
-use seckill_messaging::Topology;
+use seckill_messaging::{OrderSigner, Topology};
 use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
@@ -78,6 +78,8 @@ impl Application {
             buckets: moka::future::Cache::new(100_000),
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology: topology(&settings),
+            signer: OrderSigner::new(settings.backend.order_signing_key.expose())
+                .accepting_previous(settings.backend.order_signing_key_previous.expose()),
             prefetch: settings.prefetch,
             batch_size: settings.batch_size,
             batch_linger: settings.batch_linger,

@@ -312,6 +312,11 @@ async fn fill(
     Ok(())
 }
 
+/// The signer the relay and order-service of `ns` use.
+fn signer(ns: &TestNamespace) -> seckill_messaging::OrderSigner {
+    seckill_messaging::OrderSigner::new(ns.backend_settings().order_signing_key.expose())
+}
+
 /// Publishes one entry with the relay's properties.
 async fn publish(
     ns: &TestNamespace,
@@ -320,6 +325,7 @@ async fn publish(
 ) -> lapin::Result<lapin::PublisherConfirm> {
     seckill_messaging::publish_order(
         channel,
+        &signer(ns),
         &ns.topology(),
         &entry.request_id,
         &entry.http_request_id,
@@ -399,6 +405,7 @@ async fn relayed(
         keys,
         amqp_url: ns.amqp_url.clone(),
         topology: ns.topology(),
+        signer: signer(ns),
         batch,
         reclaim_idle: Duration::from_secs(30),
         hints: hints.clone(),

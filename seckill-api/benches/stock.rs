@@ -373,6 +373,8 @@ impl Service {
             )
             .env("SECKILL_NAMESPACE", &ns.namespace)
             .env("SECKILL_INTERNAL_KEY", INTERNAL_KEY)
+            // The order signing key stays the public default the in-process services use.
+            .env("SECKILL_ALLOW_DEV_SECRETS", "true")
             .env("SECKILL_LOG_FILTER", "warn")
             .envs(extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

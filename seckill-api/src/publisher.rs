@@ -30,7 +30,9 @@ use lapin::Connection;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{ConfirmedPublisher, Health, NotTaken, Supervised, Supervisor, Topology};
+use seckill_messaging::{
+    ConfirmedPublisher, Health, NotTaken, OrderSigner, Supervised, Supervisor, Topology,
+};
 
 /// Messages a worker publishes in one go at most.
 const MAX_BATCH: usize = 512;
@@ -44,6 +46,8 @@ pub struct OrderPublisher {
 struct Inner {
     amqp_url: String,
     topology: Topology,
+    /// Signs each message, so order-service knows it comes from here.
+    signer: OrderSigner,
     /// Longest a request waits for its confirm.
     timeout: Duration,
     /// Workers (and channels) per connection.
@@ -95,6 +99,7 @@ impl OrderPublisher {
     pub fn new(
         amqp_url: String,
         topology: Topology,
+        signer: OrderSigner,
         timeout: Duration,
         channels: usize,
         connected: Arc<AtomicBool>,
@@ -103,6 +108,7 @@ impl OrderPublisher {
             inner: Arc::new(Inner {
                 amqp_url,
                 topology,
+                signer,
                 timeout,
                 channels: channels.max(1),
                 workers: RwLock::new(Vec::new()),
@@ -204,6 +210,7 @@ impl OrderPublisher {
             for job in batch {
                 let confirm = publisher
                     .send_order(
+                        &self.inner.signer,
                         &self.inner.topology,
                         &job.request_id,
                         &job.http_request_id,

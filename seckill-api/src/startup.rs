@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
-use seckill_messaging::Topology;
+use seckill_messaging::{OrderSigner, Topology};
 use seckill_store::{RedisKeys, probes};
 
 use crate::Settings;
@@ -65,10 +65,12 @@ impl Application {
         let publisher_connected = Arc::new(AtomicBool::new(false));
         let topology = Topology::new(&settings.backend.namespace)
             .with_queue_type(settings.backend.amqp_queue_type);
+        let signer = OrderSigner::new(settings.backend.order_signing_key.expose());
         let publisher = settings.publish_on_accept.then(|| {
             OrderPublisher::new(
                 settings.backend.amqp_url.expose().to_string(),
                 topology.clone(),
+                signer.clone(),
                 settings.publish_timeout,
                 settings.publish_channels,
                 publisher_connected.clone(),
@@ -146,6 +148,7 @@ impl Application {
             keys,
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology,
+            signer,
             batch: settings.relay_batch,
             reclaim_idle: settings.relay_reclaim_idle,
             hints: relay_hints,

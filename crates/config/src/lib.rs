@@ -92,6 +92,12 @@ pub struct BackendSettings {
     pub internal_key: Secret,
     /// How old a gateway identity signature may be.
     pub identity_max_age_ms: i64,
+    /// Key of the order messages' signature: seckill-api signs with it, order-service
+    /// accepts only what it signed (shared by both backends).
+    pub order_signing_key: Secret,
+    /// The order signing key being rotated out: still accepted by order-service, never
+    /// used to sign; empty when no rotation is under way.
+    pub order_signing_key_previous: Secret,
     /// How long start-up waits for Postgres/RabbitMQ before giving up
     /// (`startup_patience_secs`).
     #[serde(rename = "startup_patience_secs", with = "formats::secs")]
@@ -120,6 +126,8 @@ impl Default for BackendSettings {
             namespace: "seckill".into(),
             internal_key: DEV_INTERNAL_KEY.into(),
             identity_max_age_ms: 30_000,
+            order_signing_key: DEV_ORDER_SIGNING_KEY.into(),
+            order_signing_key_previous: Secret::default(),
             startup_patience: Duration::from_secs(60),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
@@ -130,6 +138,9 @@ impl Default for BackendSettings {
 
 impl Validate for BackendSettings {
     fn validate(&self) -> Result<(), String> {
+        if self.internal_key.expose().is_empty() || self.order_signing_key.expose().is_empty() {
+            return Err("internal_key and order_signing_key must not be empty".into());
+        }
         validate_namespace(&self.namespace)
     }
 }
@@ -138,7 +149,14 @@ impl BackendSettings {
     /// The backend's secrets with their public development values, for
     /// [`refuse_public_secrets`].
     pub fn secret_checks(&self) -> Vec<SecretCheck<'_>> {
-        vec![("SECKILL_INTERNAL_KEY", &self.internal_key, DEV_INTERNAL_KEY)]
+        vec![
+            ("SECKILL_INTERNAL_KEY", &self.internal_key, DEV_INTERNAL_KEY),
+            (
+                "SECKILL_ORDER_SIGNING_KEY",
+                &self.order_signing_key,
+                DEV_ORDER_SIGNING_KEY,
+            ),
+        ]
     }
 
     /// Stops a backend on a public development secret unless `allow_dev_secrets`; returns
@@ -206,6 +224,9 @@ pub const DEV_JWT_SECRET: &str = "seckill-dev-jwt-secret-change-me";
 /// The gateway-to-backend identity key used when none is configured; public like
 /// [`DEV_JWT_SECRET`], and refused the same way.
 pub const DEV_INTERNAL_KEY: &str = "seckill-dev-internal-key-change-me";
+
+/// The order messages' signing key used when none is configured (public: development only).
+pub const DEV_ORDER_SIGNING_KEY: &str = "seckill-dev-order-signing-key-change-me";
 
 /// Checks a namespace: it prefixes Redis keys, AMQP names and (in tests) database names.
 pub fn validate_namespace(namespace: &str) -> Result<(), String> {

@@ -5,11 +5,14 @@
 //! - [`topology`] — exchange/queue names under a namespace, declared idempotently.
 //! - [`publish`] — [`ConfirmedPublisher`]: persistent, `mandatory` publishes whose confirms
 //!   are bounded in time and judged by [`taken`]; every publisher of the services uses it.
+//!   Order messages are signed there ([`ConfirmedPublisher::send_order`], [`publish_order`]).
+//! - [`signature`] — [`OrderSigner`]: the HMAC that lets order-service trust a message.
 //! - [`worker`] — [`Supervisor`]: runs a background worker's connect-and-work cycle again
 //!   after each failure, with jittered exponential backoff, until cancelled.
 //! - [`connect`] — an AMQP connection with retry while the broker comes up.
 
 pub mod publish;
+pub mod signature;
 pub mod topology;
 pub mod worker;
 
@@ -25,6 +28,7 @@ use uuid::Uuid;
 pub use publish::{
     CONFIRM_TIMEOUT, Confirm, ConfirmedPublisher, NotTaken, PublishError, publish_order, taken,
 };
+pub use signature::{HEADER_SIGNATURE, OrderSigner, SignatureError};
 pub use topology::{DEFAULT_RETRY_TIERS_MS, DELIVERY_LIMIT, MAX_REQUEUES, QueueType, Topology};
 pub use worker::{Ended, Health, Supervised, Supervisor};
 

@@ -14,7 +14,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 
-use crate::{HEADER_ATTEMPT, HEADER_REQUEST_ID, Topology};
+use crate::{HEADER_ATTEMPT, HEADER_REQUEST_ID, HEADER_SIGNATURE, OrderSigner, Topology};
 
 /// How long a confirm is awaited unless a publisher is given another bound.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,16 +140,18 @@ impl ConfirmedPublisher {
         Ok(Confirm(confirm))
     }
 
-    /// Publishes one order message to the topology's exchange, with the purchase's request
-    /// id as `message_id`, the HTTP request id in a header and attempt 0; see [`Self::send`].
+    /// Publishes one order message to the topology's exchange, signed by `signer`, with the
+    /// purchase's request id as `message_id`, the HTTP request id in a header and attempt 0;
+    /// see [`Self::send`].
     pub async fn send_order(
         &self,
+        signer: &OrderSigner,
         topology: &Topology,
         request_id: &str,
         http_request_id: &str,
         payload: &[u8],
     ) -> Result<Confirm, PublishError> {
-        let properties = order_properties(request_id, http_request_id);
+        let properties = order_properties(signer, request_id, http_request_id, payload);
         self.send(
             &topology.exchange,
             &topology.routing_key,
@@ -187,9 +189,19 @@ impl ConfirmedPublisher {
     }
 }
 
-/// The properties of an order message as seckill-api first publishes it.
-fn order_properties(request_id: &str, http_request_id: &str) -> BasicProperties {
+/// The properties of an order message as seckill-api first publishes it, its signature of
+/// `payload` among them: every first publish of an order message comes through here.
+fn order_properties(
+    signer: &OrderSigner,
+    request_id: &str,
+    http_request_id: &str,
+    payload: &[u8],
+) -> BasicProperties {
     let mut headers = FieldTable::default();
+    headers.insert(
+        HEADER_SIGNATURE.into(),
+        AMQPValue::LongString(signer.sign(payload).into()),
+    );
     headers.insert(
         HEADER_REQUEST_ID.into(),
         AMQPValue::LongString(http_request_id.into()),
@@ -202,14 +214,15 @@ fn order_properties(request_id: &str, http_request_id: &str) -> BasicProperties 
         .with_headers(headers)
 }
 
-/// Publishes one order message to the topology's exchange: persistent, `mandatory` (an
-/// unroutable message comes back attached to its confirm), with the purchase's request id
-/// as `message_id` and the HTTP request id in a header. The returned confirm resolves once
+/// Publishes one order message to the topology's exchange: signed by `signer`, persistent,
+/// `mandatory` (an unroutable message comes back attached to its confirm), with the
+/// purchase's request id as `message_id` and the HTTP request id in a header. The returned confirm resolves once
 /// the broker has answered for it (the channel must be in confirm mode); it is a success
 /// only if [`taken`] says so — an unroutable message confirms as an ack too. Prefer
 /// [`ConfirmedPublisher::send_order`], which judges the confirm for you.
 pub async fn publish_order(
     channel: &Channel,
+    signer: &OrderSigner,
     topology: &Topology,
     request_id: &str,
     http_request_id: &str,
@@ -224,7 +237,7 @@ pub async fn publish_order(
                 ..BasicPublishOptions::default()
             },
             payload,
-            order_properties(request_id, http_request_id),
+            order_properties(signer, request_id, http_request_id, payload),
         )
         .await
 }

@@ -125,10 +125,6 @@ fn fields_for(variable: &str, own_prefix: &str) -> Vec<String> {
     .collect()
 }
 
-/// Settings compose passes before the change that adds their field lands (issue 18 item 2
-/// adds `order_signing_key` to the backends); delete an entry once its field exists.
-const AWAITED_FIELDS: [&str; 1] = ["order_signing_key"];
-
 #[test]
 fn every_seckill_variable_on_a_service_names_one_of_its_settings() {
     let doc = compose();
@@ -144,9 +140,7 @@ fn every_seckill_variable_on_a_service_names_one_of_its_settings() {
         // SECKILL_CONFIG names the settings file; it is not a field.
         for variable in ours.into_iter().filter(|v| *v != "SECKILL_CONFIG") {
             let candidates = fields_for(variable, own_prefix);
-            let known = candidates
-                .iter()
-                .any(|f| fields.contains(f) || AWAITED_FIELDS.contains(&f.as_str()));
+            let known = candidates.iter().any(|f| fields.contains(f));
             if !known {
                 unknown.push(format!("{name}: {variable} (no field {candidates:?})"));
             }

@@ -84,6 +84,7 @@ pub fn settings(upstream: &str) -> gateway::Settings {
     gateway::Settings {
         host: "127.0.0.1".into(),
         port: 0,
+        admin_port: 0,
         jwt_secret: Secret::new(JWT_SECRET),
         internal_key: Secret::new(INTERNAL_KEY),
         seckill_api_urls: vec![upstream.into()],
@@ -95,6 +96,8 @@ pub fn settings(upstream: &str) -> gateway::Settings {
 /// A running gateway; stopped when dropped.
 pub struct Gateway {
     pub url: String,
+    /// The operator listener (`/metrics`, the detailed `/readyz`).
+    pub admin: String,
     pub client: reqwest::Client,
     stop: CancellationToken,
 }
@@ -110,10 +113,12 @@ pub async fn spawn_gateway(settings: gateway::Settings) -> Gateway {
         .await
         .expect("build gateway");
     let url = format!("http://127.0.0.1:{}", app.port());
+    let admin = format!("http://127.0.0.1:{}", app.admin_port());
     let stop = app.shutdown_token();
     tokio::spawn(app.run_until_stopped());
     Gateway {
         url,
+        admin,
         client: reqwest::Client::new(),
         stop,
     }
@@ -133,10 +138,12 @@ impl Gateway {
         self.client.post(format!("{}{path}", self.url))
     }
 
-    /// The sum of the series of `name` whose labels include every `labels` pair.
+    /// The sum of the series of `name` whose labels include every `labels` pair, read on
+    /// the operator listener.
     pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let text = self
-            .get("/metrics")
+            .client
+            .get(format!("{}/metrics", self.admin))
             .send()
             .await
             .expect("metrics")

@@ -14,6 +14,8 @@ use seckill_testkit::{INTERNAL_KEY, JWT_SECRET, TestNamespace, eventually};
 
 pub struct Platform {
     pub gateway: String,
+    /// The gateway's operator listener (`/metrics`, the detailed `/readyz`).
+    pub gateway_admin: String,
     pub seckill_api: String,
     pub order_service: String,
     pub ns: TestNamespace,
@@ -67,6 +69,7 @@ pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Sett
     let gateway = gateway::Application::build(gateway::Settings {
         host: "127.0.0.1".into(),
         port: 0,
+        admin_port: 0,
         jwt_secret: Secret::new(JWT_SECRET),
         internal_key: Secret::new(INTERNAL_KEY),
         seckill_api_urls: vec![seckill_api.clone()],
@@ -76,11 +79,13 @@ pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Sett
     .await
     .expect("build gateway");
     let gateway_url = format!("http://127.0.0.1:{}", gateway.port());
+    let gateway_admin = format!("http://127.0.0.1:{}", gateway.admin_port());
     stops.push(gateway.shutdown_token());
     tasks.push(tokio::spawn(gateway.run_until_stopped()));
 
     Platform {
         gateway: gateway_url,
+        gateway_admin,
         seckill_api,
         order_service,
         ns,

@@ -13,6 +13,7 @@ mod helpers;
 mod keepalive;
 mod ledger;
 mod limits;
+mod operator;
 mod overload;
 mod ratelimit;
 mod raw;

@@ -129,7 +129,7 @@ async fn gateway_metrics_count_proxied_requests() {
     let _ = platform.buy(1, &user_token(1)).await;
     let metrics = platform
         .client
-        .get(format!("{}/metrics", platform.gateway))
+        .get(format!("{}/metrics", platform.gateway_admin))
         .send()
         .await
         .expect("request")

@@ -154,6 +154,7 @@ pub async fn run_scenario(
         namespace: namespace.clone(),
         jwt_secret: format!("chaos-jwt-{}", uuid::Uuid::new_v4().simple()),
         internal_key: format!("chaos-internal-{}", uuid::Uuid::new_v4().simple()),
+        order_signing_key: format!("chaos-orders-{}", uuid::Uuid::new_v4().simple()),
         extra: settings.service_env.clone(),
     };
     let log_dir = settings

@@ -115,6 +115,8 @@ pub struct Wiring {
     pub jwt_secret: String,
     /// The key the gateway signs identities with for the backends.
     pub internal_key: String,
+    /// The key seckill-api signs order messages with and order-service checks them by.
+    pub order_signing_key: String,
     /// Settings of the operator's for every service, applied last.
     pub extra: Vec<(String, String)>,
 }
@@ -123,6 +125,9 @@ pub struct Wiring {
 struct Process {
     role: Role,
     port: u16,
+    /// The gateway's operator port (its `/readyz`); `None` for a backend, whose `/readyz`
+    /// is on `port`.
+    admin_port: Option<u16>,
     env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
@@ -173,7 +178,8 @@ impl Process {
     }
 
     async fn wait_ready(&mut self, http: &reqwest::Client) -> anyhow::Result<()> {
-        let url = format!("{}/readyz", self.url());
+        let ready_port = self.admin_port.unwrap_or(self.port);
+        let url = format!("http://127.0.0.1:{ready_port}/readyz");
         let deadline = Instant::now() + READY_PATIENCE;
         loop {
             if let Some(child) = self.child.as_mut()
@@ -229,11 +235,20 @@ impl Services {
             let port = free_port()?;
             let mut env = common_env(wiring);
             env.push((role.port_variable().into(), port.to_string()));
+            // Each gateway its own operator port: the default one would be shared.
+            let admin_port = match role {
+                Role::Gateway => Some(free_port()?),
+                _ => None,
+            };
+            if let Some(admin) = admin_port {
+                env.push(("SECKILL_GATEWAY_ADMIN_PORT".into(), admin.to_string()));
+            }
             env.extend(extra);
             env.extend(wiring.extra.iter().cloned());
             processes.push(Process {
                 role,
                 port,
+                admin_port,
                 env,
                 log: log_dir.join(format!("{}-{replica}.log", role.binary())),
                 child: None,
@@ -335,6 +350,7 @@ fn common_env(wiring: &Wiring) -> Vec<(String, String)> {
         ("SECKILL_NAMESPACE", &wiring.namespace),
         ("SECKILL_JWT_SECRET", &wiring.jwt_secret),
         ("SECKILL_INTERNAL_KEY", &wiring.internal_key),
+        ("SECKILL_ORDER_SIGNING_KEY", &wiring.order_signing_key),
         ("SECKILL_HOST", "127.0.0.1"),
         ("SECKILL_LOG_FORMAT", "json"),
         // A replica started while a store is down waits for it rather than giving up.

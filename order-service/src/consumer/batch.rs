@@ -12,7 +12,7 @@ use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
 use super::delivery::{Exhausted, Out};
-use super::headers::{attempt_of, delivery_span};
+use super::headers::{attempt_of, delivery_span, signature_of};
 use crate::orders;
 
 impl OrderConsumer {
@@ -64,6 +64,16 @@ impl OrderConsumer {
         self.retry.record_first_attempts(first);
         let mut parsed = Vec::with_capacity(batch.len());
         for delivery in batch {
+            // Checked before the body is read at all: an unsigned or forged message is
+            // nobody's purchase, and no retry can make it one.
+            if let Err(e) = self.signer.verify(&delivery.data, signature_of(&delivery)) {
+                let span = delivery_span(&delivery);
+                let _entered = span.enter();
+                tracing::error!(error = %e, reason = e.code(), "order message refused, dead-lettering");
+                self.dead_letter(out, &delivery, e.code(), &e.to_string())
+                    .await;
+                continue;
+            }
             match serde_json::from_slice::<OrderMessage>(&delivery.data) {
                 Ok(msg) => parsed.push((delivery, msg)),
                 Err(e) => {

@@ -4,7 +4,9 @@
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 
-use seckill_messaging::{HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_REQUEST_ID};
+use seckill_messaging::{
+    HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_REQUEST_ID, HEADER_SIGNATURE,
+};
 
 /// A span naming the delivery's message id and the purchase's HTTP request id, so one id
 /// follows a purchase from the gateway to its order in the logs.
@@ -23,6 +25,20 @@ pub(super) fn delivery_span(delivery: &Delivery) -> tracing::Span {
         .map(|s| s.to_string())
         .unwrap_or_default();
     tracing::info_span!("delivery", message_id, request_id)
+}
+
+/// The order signature a delivery carries, if any (a string header).
+pub(super) fn signature_of(delivery: &Delivery) -> Option<&str> {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(HEADER_SIGNATURE))
+        .and_then(|v| match v {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+            AMQPValue::ShortString(s) => Some(s.as_str()),
+            _ => None,
+        })
 }
 
 /// The attempt a delivery carries (0 for a first delivery).

@@ -4,6 +4,10 @@
 //! `batch_linger` of the first) and each batch is written in one transaction
 //! ([`orders::record_batch`]); several batches are in flight at once, bounded by prefetch.
 //!
+//! A message is trusted only once its signature ([`seckill_messaging::signature`]) is
+//! checked; an unsigned or forged one is dead-lettered (`unsigned`, `bad_signature`) before
+//! it is parsed, never retried, and becomes no order.
+//!
 //! Every AMQP choice here protects "never lose an accepted purchase":
 //! - manual ack, sent only after the batch's transaction committed and the buyers' results
 //!   were written; a crash before that means redelivery, which the idempotent write absorbs;
@@ -38,7 +42,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use seckill_messaging::Topology;
+use seckill_messaging::{OrderSigner, Topology};
 use seckill_store::RedisKeys;
 
 use crate::orders;
@@ -59,6 +63,8 @@ pub struct OrderConsumer {
     pub amqp_url: String,
     /// Queue names.
     pub topology: Topology,
+    /// Checks each message's signature: only what seckill-api signed becomes an order.
+    pub signer: OrderSigner,
     /// Unacked deliveries at once.
     pub prefetch: u16,
     /// Most messages written in one transaction.

@@ -44,8 +44,8 @@ pub struct Entry {
     pub user_id: Option<i64>,
     /// The product, when the body parsed.
     pub product_id: Option<i64>,
-    /// Why it was given up (`unparseable`, `unknown_product`, `out_of_stock`,
-    /// `retries_exhausted`, `rejected`, …).
+    /// Why it was given up (`unsigned`, `bad_signature`, `unparseable`, `unknown_product`,
+    /// `out_of_stock`, `retries_exhausted`, `rejected`, …).
     pub error_code: String,
     /// The last error, for a human.
     pub last_error: String,
@@ -76,6 +76,9 @@ pub struct Arrival {
     pub product_id: Option<i64>,
     /// The body as published.
     pub body: Vec<u8>,
+    /// Its order signature as published (kept for a redrive, which order-service cannot
+    /// sign: a redriven message is accepted only if seckill-api signed it).
+    pub signature: Option<String>,
     /// Why it was given up.
     pub error_code: String,
     /// The last error.
@@ -121,6 +124,7 @@ impl Arrival {
             user_id: parsed.as_ref().map(|m| m.user_id),
             product_id: parsed.as_ref().map(|m| m.product_id),
             body: body.to_vec(),
+            signature: text(seckill_messaging::HEADER_SIGNATURE),
             error_code: text(seckill_messaging::HEADER_ERROR_CODE)
                 .unwrap_or_else(|| "rejected".to_string()),
             last_error: text(seckill_messaging::HEADER_ERROR_MESSAGE)

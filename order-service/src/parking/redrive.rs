@@ -9,7 +9,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use sqlx::PgPool;
 
 use seckill_messaging::{
-    CONFIRM_TIMEOUT, ConfirmedPublisher, HEADER_ATTEMPT, PublishError, Topology,
+    CONFIRM_TIMEOUT, ConfirmedPublisher, HEADER_ATTEMPT, HEADER_SIGNATURE, PublishError, Topology,
 };
 
 use super::pace::RedrivePace;
@@ -119,16 +119,16 @@ impl Redriver {
         operator: &str,
     ) -> Result<bool, String> {
         let mut tx = db.begin().await.map_err(|e| e.to_string())?;
-        let row: Option<(Vec<u8>, i32)> = sqlx::query_as(
+        let row: Option<(Vec<u8>, i32, Option<String>)> = sqlx::query_as(
             "UPDATE dead_letters SET status = 'redriven', redrives = redrives + 1, operator = $2 \
-             WHERE event_id = $1 AND status = 'pending' RETURNING body, redrives",
+             WHERE event_id = $1 AND status = 'pending' RETURNING body, redrives, signature",
         )
         .bind(event_id)
         .bind(operator)
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| e.to_string())?;
-        let Some((body, redrives)) = row else {
+        let Some((body, redrives, signature)) = row else {
             return Ok(false);
         };
         let mut headers = FieldTable::default();
@@ -137,6 +137,15 @@ impl Redriver {
             ShortString::from(HEADER_REDRIVE),
             AMQPValue::LongInt(redrives),
         );
+        // The signature it arrived with, as it was: order-service holds the key but never
+        // signs, or a message forged straight into the dead-letter queue would come back
+        // from a redrive as genuine. One that had none is refused again, as it should be.
+        if let Some(signature) = signature {
+            headers.insert(
+                ShortString::from(HEADER_SIGNATURE),
+                AMQPValue::LongString(signature.into()),
+            );
+        }
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())

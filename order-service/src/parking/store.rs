@@ -16,11 +16,12 @@ pub async fn record(
 ) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(
         "INSERT INTO dead_letters \
-             (event_id, user_id, product_id, body, error_code, last_error, attempts) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             (event_id, user_id, product_id, body, error_code, last_error, attempts, signature) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $9) \
          ON CONFLICT (event_id) DO UPDATE SET \
              error_code = EXCLUDED.error_code, last_error = EXCLUDED.last_error, \
              attempts = EXCLUDED.attempts, body = EXCLUDED.body, last_attempt = now(), \
+             signature = EXCLUDED.signature, \
              status = CASE WHEN dead_letters.status <> 'redriven' THEN dead_letters.status \
                            WHEN dead_letters.redrives >= $8 THEN 'quarantined' \
                            ELSE 'pending' END \
@@ -34,6 +35,7 @@ pub async fn record(
     .bind(&arrival.last_error)
     .bind(arrival.attempts)
     .bind(quarantine_after)
+    .bind(&arrival.signature)
     .fetch_one(db)
     .await
 }

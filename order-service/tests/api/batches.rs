@@ -76,6 +76,8 @@ async fn kill_9_mid_batch_redelivers_and_loses_or_duplicates_nothing() {
         .env("SECKILL_AMQP_URL", &ns.amqp_url)
         .env("SECKILL_NAMESPACE", &ns.namespace)
         .env("SECKILL_INTERNAL_KEY", seckill_testkit::INTERNAL_KEY)
+        // The order signing key stays the public default the in-process services use.
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
         .env("SECKILL_LOG_FILTER", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -4,11 +4,12 @@ use std::time::Duration;
 
 use chrono::{Duration as ChronoDuration, Utc};
 use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
 use tokio_util::sync::CancellationToken;
 
 use order_service::{Application, Settings};
-use seckill_messaging::OrderMessage;
+use seckill_messaging::{HEADER_SIGNATURE, OrderMessage, OrderSigner};
 use seckill_testkit::TestNamespace;
 
 pub struct TestApp {
@@ -16,6 +17,8 @@ pub struct TestApp {
     pub ns: TestNamespace,
     pub db: sqlx::PgPool,
     pub channel: Channel,
+    /// Signs what the tests publish, with the key the app was given.
+    pub signer: OrderSigner,
     _connection: Connection,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -39,6 +42,7 @@ pub async fn spawn_app_with(ns: TestNamespace, configure: impl FnOnce(&mut Setti
         ..Settings::default()
     };
     configure(&mut settings);
+    let signer = OrderSigner::new(settings.backend.order_signing_key.expose());
     let app = Application::build(settings)
         .await
         .expect("build order-service");
@@ -52,6 +56,7 @@ pub async fn spawn_app_with(ns: TestNamespace, configure: impl FnOnce(&mut Setti
         ns,
         db,
         channel,
+        signer,
         _connection: connection,
         stop,
         task: Some(task),
@@ -85,9 +90,27 @@ impl TestApp {
         }
     }
 
-    /// Sends raw bytes the way the relay does (persistent, mandatory); the returned
+    /// Sends raw bytes the way the relay does (persistent, mandatory, signed); the returned
     /// confirm is checked by [`routed`].
     async fn send(&self, body: &[u8], message_id: &str) -> PublisherConfirm {
+        let signature = self.signer.sign(body);
+        self.send_with(body, message_id, Some(&signature)).await
+    }
+
+    /// Sends raw bytes with `signature` as their order signature header (none if `None`).
+    async fn send_with(
+        &self,
+        body: &[u8],
+        message_id: &str,
+        signature: Option<&str>,
+    ) -> PublisherConfirm {
+        let mut headers = FieldTable::default();
+        if let Some(signature) = signature {
+            headers.insert(
+                HEADER_SIGNATURE.into(),
+                AMQPValue::LongString(signature.into()),
+            );
+        }
         let topology = self.ns.topology();
         self.channel
             .basic_publish(
@@ -100,7 +123,8 @@ impl TestApp {
                 body,
                 BasicProperties::default()
                     .with_message_id(message_id.into())
-                    .with_delivery_mode(2),
+                    .with_delivery_mode(2)
+                    .with_headers(headers),
             )
             .await
             .expect("publish")
@@ -109,6 +133,14 @@ impl TestApp {
     /// Publishes raw bytes the way the relay does, waiting for the broker's confirm.
     pub async fn publish_raw(&self, body: &[u8], message_id: &str) {
         routed(self.send(body, message_id).await).await;
+    }
+
+    /// Publishes `msg` with `signature` (or none) instead of its own, as an attacker who
+    /// reaches the queue would.
+    pub async fn publish_signed_as(&self, msg: &OrderMessage, signature: Option<&str>) {
+        let body = serde_json::to_vec(msg).expect("serialize");
+        let message_id = msg.request_id.to_string();
+        routed(self.send_with(&body, &message_id, signature).await).await;
     }
 
     /// Publishes every message with all confirms in flight at once (a storm, not a trickle).

@@ -8,5 +8,6 @@ mod outage;
 mod parking;
 mod payment;
 mod retries;
+mod signature;
 mod startup;
 mod topology;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use serde_json::{Value, json};
 
-use seckill_messaging::{DELIVERY_LIMIT, QueueType, Topology};
+use seckill_messaging::{DELIVERY_LIMIT, OrderSigner, QueueType, Topology};
 use seckill_testkit::TestNamespace;
 
 use crate::helpers::spawn_app;
@@ -117,11 +117,13 @@ async fn the_broker_dead_letters_a_message_returned_more_than_the_delivery_limit
     let ns = TestNamespace::new();
     let (connection, channel) = ns.channel().await;
     let topology: Topology = ns.topology();
-    let confirm = seckill_messaging::publish_order(&channel, &topology, "poison", "r", b"{}")
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
+    let signer = OrderSigner::new(ns.backend_settings().order_signing_key.expose());
+    let confirm =
+        seckill_messaging::publish_order(&channel, &signer, &topology, "poison", "r", b"{}")
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
     seckill_messaging::taken(&confirm).expect("routed");
     let mut deliveries = 0;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -38,7 +38,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{
-    Confirm, ConfirmedPublisher, Health, NotTaken, PublishError, Supervised, Supervisor, Topology,
+    Confirm, ConfirmedPublisher, Health, NotTaken, OrderSigner, PublishError, Supervised,
+    Supervisor, Topology,
 };
 use seckill_store::RedisKeys;
 
@@ -129,6 +130,8 @@ pub struct Relay {
     pub amqp_url: String,
     /// Exchange and routing key.
     pub topology: Topology,
+    /// Signs each message, so order-service knows it comes from here.
+    pub signer: OrderSigner,
     /// Entries per stream per round.
     pub batch: usize,
     /// Entries idle this long on another consumer are taken over.
@@ -440,7 +443,13 @@ impl Relay {
         let request_id: String = entry.get("request_id").unwrap_or_default();
         let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
         publisher
-            .send_order(&self.topology, &request_id, &http_request_id, &payload)
+            .send_order(
+                &self.signer,
+                &self.topology,
+                &request_id,
+                &http_request_id,
+                &payload,
+            )
             .await
             .context("publish")
     }

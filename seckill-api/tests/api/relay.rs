@@ -19,6 +19,9 @@ fn relay(ns: &TestNamespace, redis: seckill_store::Redis) -> (Relay, Arc<RelayWo
         keys: ns.keys(),
         amqp_url: ns.amqp_url.clone(),
         topology: ns.topology(),
+        signer: seckill_messaging::OrderSigner::new(
+            ns.backend_settings().order_signing_key.expose(),
+        ),
         batch: 256,
         reclaim_idle: Duration::from_millis(200),
         hints: Arc::new(RelayHints::default()),

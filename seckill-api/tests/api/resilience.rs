@@ -175,6 +175,8 @@ async fn kill_9_while_the_relay_holds_unconfirmed_entries_loses_and_duplicates_n
         .env("SECKILL_AMQP_URL", broker.amqp_url())
         .env("SECKILL_NAMESPACE", &ns.namespace)
         .env("SECKILL_INTERNAL_KEY", seckill_testkit::INTERNAL_KEY)
+        // The order signing key stays the public default the in-process services use.
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
         .env("SECKILL_LOG_FILTER", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
