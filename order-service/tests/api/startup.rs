@@ -14,26 +14,34 @@ const BINARY: &str = env!("CARGO_BIN_EXE_order-service");
 const PORT_VARIABLE: &str = "SECKILL_ORDER_PORT";
 
 #[tokio::test]
-async fn the_public_internal_key_stops_order_service_naming_the_variable() {
-    let ns = TestNamespace::new();
-    let output = run_to_exit(
-        &mut backend_command(BINARY, PORT_VARIABLE, free_port(), &ns),
-        Duration::from_secs(30),
-    )
-    .await;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "started on a public key: {stderr}"
-    );
-    assert!(
-        stderr.contains("SECKILL_INTERNAL_KEY is the public development default"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("SECKILL_ALLOW_DEV_SECRETS=true"),
-        "{stderr}"
-    );
+async fn each_public_secret_stops_order_service_naming_the_variable() {
+    // One secret on its public default at a time, the other private: each is named alone.
+    for (public, private) in [
+        ("SECKILL_INTERNAL_KEY", "SECKILL_ORDER_SIGNING_KEY"),
+        ("SECKILL_ORDER_SIGNING_KEY", "SECKILL_INTERNAL_KEY"),
+    ] {
+        let ns = TestNamespace::new();
+        let output = run_to_exit(
+            backend_command(BINARY, PORT_VARIABLE, free_port(), &ns)
+                .env(private, "a-secret-of-the-operators-own"),
+            Duration::from_secs(30),
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "started on a public {public}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{public} is the public development default")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains(private), "{stderr}");
+        assert!(
+            stderr.contains("SECKILL_ALLOW_DEV_SECRETS=true"),
+            "{stderr}"
+        );
+    }
 }
 
 #[tokio::test]
