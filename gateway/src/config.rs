@@ -12,6 +12,7 @@ use seckill_config::{
 
 use crate::client_ip::TrustedProxies;
 use crate::http1::MAX_HEADERS_CAP;
+use crate::proxy::Service;
 
 /// Where the rate limits' buckets live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -145,6 +146,12 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// `EnvFilter` directive when `RUST_LOG` is unset.
     pub log_filter: String,
+    /// Key of the identity signed for seckill-api
+    /// (`SECKILL_GATEWAY_SECKILL_API_INTERNAL_KEY`); unset: `internal_key`.
+    pub seckill_api_internal_key: Option<Secret>,
+    /// Key of the identity signed for order-service
+    /// (`SECKILL_GATEWAY_ORDER_SERVICE_INTERNAL_KEY`); unset: `internal_key`.
+    pub order_service_internal_key: Option<Secret>,
 }
 
 impl Default for Settings {
@@ -193,6 +200,8 @@ impl Default for Settings {
             namespace: "seckill".into(),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
+            seckill_api_internal_key: None,
+            order_service_internal_key: None,
         }
     }
 }
@@ -208,6 +217,15 @@ impl Settings {
     /// The parsed `trusted_proxies`.
     pub fn trusted_proxy_list(&self) -> Result<TrustedProxies, String> {
         TrustedProxies::parse(&self.trusted_proxies)
+    }
+
+    /// The key identity is signed with for `service`: its own, else `internal_key`.
+    pub fn service_key(&self, service: Service) -> &Secret {
+        let own = match service {
+            Service::SeckillApi => &self.seckill_api_internal_key,
+            Service::OrderService => &self.order_service_internal_key,
+        };
+        own.as_ref().unwrap_or(&self.internal_key)
     }
 
     fn validate_jwt(&self) -> Result<(), String> {
@@ -278,6 +296,15 @@ impl Validate for Settings {
             validate_namespace(&self.namespace)?;
             if self.rate_limit_redis_timeout.is_zero() {
                 return Err("rate_limit_redis_timeout_ms must be positive".into());
+            }
+        }
+        for service in [Service::SeckillApi, Service::OrderService] {
+            // An HMAC key shorter than this is guessable offline from one captured request.
+            if self.service_key(service).expose().len() < 16 {
+                return Err(format!(
+                    "the internal key for {} must be at least 16 bytes",
+                    service.name()
+                ));
             }
         }
         Ok(())

@@ -80,8 +80,10 @@ pub struct BackendSettings {
     pub namespace: String,
     /// Key of the gateway's identity signature (shared with the gateway).
     pub internal_key: Secret,
-    /// How old a gateway identity signature may be.
-    pub identity_max_age_ms: i64,
+    /// How far from now a gateway identity credential's time may be, either way
+    /// (`identity_window_ms`, at most 5000): its whole life, and the clock skew allowed.
+    #[serde(rename = "identity_window_ms", with = "formats::millis")]
+    pub identity_window: Duration,
     /// How long start-up waits for Postgres/RabbitMQ before giving up
     /// (`startup_patience_secs`).
     #[serde(rename = "startup_patience_secs", with = "formats::secs")]
@@ -103,7 +105,7 @@ impl Default for BackendSettings {
             amqp_queue_type: AmqpQueueType::default(),
             namespace: "seckill".into(),
             internal_key: DEV_INTERNAL_KEY.into(),
-            identity_max_age_ms: 30_000,
+            identity_window: Duration::from_secs(5),
             startup_patience: Duration::from_secs(60),
             log_format: LogFormat::Json,
             log_filter: "info".into(),
@@ -113,9 +115,19 @@ impl Default for BackendSettings {
 
 impl Validate for BackendSettings {
     fn validate(&self) -> Result<(), String> {
-        validate_namespace(&self.namespace)
+        validate_namespace(&self.namespace)?;
+        if self.identity_window.is_zero() || self.identity_window > MAX_IDENTITY_WINDOW {
+            return Err(format!(
+                "identity_window_ms must be 1 to {}",
+                MAX_IDENTITY_WINDOW.as_millis()
+            ));
+        }
+        Ok(())
     }
 }
+
+/// The longest an identity credential may live: a captured one is useless after this.
+pub const MAX_IDENTITY_WINDOW: Duration = Duration::from_secs(5);
 
 /// The RabbitMQ queue type of the order queues (`x-queue-type`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,12 +237,12 @@ mod tests {
         // The shape env variables arrive in: flat keys, numbers parsed as numbers.
         let settings: Service = Figment::from(Serialized::defaults(Service::default()))
             .merge(Serialized::default("namespace", "t_x"))
-            .merge(Serialized::default("identity_max_age_ms", 5))
+            .merge(Serialized::default("identity_window_ms", 5))
             .merge(Serialized::default("port", 9))
             .extract()
             .expect("extract");
         assert_eq!(settings.backend.namespace, "t_x");
-        assert_eq!(settings.backend.identity_max_age_ms, 5);
+        assert_eq!(settings.backend.identity_window, Duration::from_millis(5));
         assert_eq!(
             settings.backend.log_format,
             LogFormat::Json,
@@ -259,6 +271,18 @@ mod tests {
             None,
             "a typo is refused, not read as a default"
         );
+    }
+
+    #[test]
+    fn the_identity_window_is_positive_and_at_most_five_seconds() {
+        let with = |ms| BackendSettings {
+            identity_window: Duration::from_millis(ms),
+            ..BackendSettings::default()
+        };
+        assert_eq!(BackendSettings::default().validate(), Ok(()));
+        assert_eq!(with(5_000).validate(), Ok(()));
+        assert!(with(0).validate().is_err());
+        assert!(with(5_001).validate().is_err());
     }
 
     #[test]
