@@ -25,6 +25,17 @@ pub enum RateLimitBackend {
     Redis,
 }
 
+/// What the `redis` rate-limit backend does with a request when Redis cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateLimitFailure {
+    /// Let it through unmetered: an outage of the limiter does not stop the platform.
+    #[default]
+    Open,
+    /// Refuse it with 503: no request passes unmetered.
+    Closed,
+}
+
 /// Everything the gateway reads at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -152,6 +163,19 @@ pub struct Settings {
     /// Key of the identity signed for order-service
     /// (`SECKILL_GATEWAY_ORDER_SERVICE_INTERNAL_KEY`); unset: `internal_key`.
     pub order_service_internal_key: Option<Secret>,
+    /// Requests per second per client address whose bearer token this gateway has not yet
+    /// verified, charged before the signature check (`rate_unverified_per_sec`); 0: off.
+    pub rate_unverified_per_sec: u32,
+    /// Burst of `rate_unverified_per_sec`; 0: off.
+    pub rate_unverified_burst: u32,
+    /// IPv6 clients are charged per network of this many leading bits (1-128): one host
+    /// usually holds a whole /64.
+    pub rate_limit_ipv6_prefix: u8,
+    /// Redis of the `redis` rate-limit backend; unset: `redis_url`.
+    pub rate_limit_redis_url: Option<Secret>,
+    /// With `redis`: what a request gets when Redis cannot answer — `open` (let through,
+    /// unmetered) or `closed` (503).
+    pub rate_limit_redis_failure: RateLimitFailure,
 }
 
 impl Default for Settings {
@@ -202,6 +226,13 @@ impl Default for Settings {
             log_filter: "info".into(),
             seckill_api_internal_key: None,
             order_service_internal_key: None,
+            // Far above what one address sends with real tokens (each is verified once per
+            // worker thread, then remembered); a garbage-token flood costs at most this.
+            rate_unverified_per_sec: 1000,
+            rate_unverified_burst: 2000,
+            rate_limit_ipv6_prefix: 64,
+            rate_limit_redis_url: None,
+            rate_limit_redis_failure: RateLimitFailure::Open,
         }
     }
 }
@@ -306,6 +337,14 @@ impl Validate for Settings {
                     service.name()
                 ));
             }
+        }
+        if !(1..=128).contains(&self.rate_limit_ipv6_prefix) {
+            return Err("rate_limit_ipv6_prefix must be 1 to 128".into());
+        }
+        if self.rate_unverified_per_sec > MAX_RATE_PER_SEC {
+            return Err(format!(
+                "rate_unverified_per_sec must be at most {MAX_RATE_PER_SEC}"
+            ));
         }
         Ok(())
     }
