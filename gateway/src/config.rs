@@ -12,6 +12,7 @@ use seckill_config::{
 
 use crate::client_ip::TrustedProxies;
 use crate::http1::MAX_HEADERS_CAP;
+use crate::proxy::Service;
 
 /// Where the rate limits' buckets live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -22,6 +23,17 @@ pub enum RateLimitBackend {
     Memory,
     /// In Redis: the quotas hold across every replica sharing the Redis and namespace.
     Redis,
+}
+
+/// What the `redis` rate-limit backend does with a request when Redis cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateLimitFailure {
+    /// Let it through unmetered: an outage of the limiter does not stop the platform.
+    #[default]
+    Open,
+    /// Refuse it with 503: no request passes unmetered.
+    Closed,
 }
 
 /// Everything the gateway reads at start.
@@ -168,6 +180,25 @@ pub struct Settings {
     pub admin_host: String,
     /// Port of the operator listener; 0 picks a free one (tests).
     pub admin_port: u16,
+    /// Key of the identity signed for seckill-api
+    /// (`SECKILL_GATEWAY_SECKILL_API_INTERNAL_KEY`); unset: `internal_key`.
+    pub seckill_api_internal_key: Option<Secret>,
+    /// Key of the identity signed for order-service
+    /// (`SECKILL_GATEWAY_ORDER_SERVICE_INTERNAL_KEY`); unset: `internal_key`.
+    pub order_service_internal_key: Option<Secret>,
+    /// Requests per second per client address whose bearer token this gateway has not yet
+    /// verified, charged before the signature check (`rate_unverified_per_sec`); 0: off.
+    pub rate_unverified_per_sec: u32,
+    /// Burst of `rate_unverified_per_sec`; 0: off.
+    pub rate_unverified_burst: u32,
+    /// IPv6 clients are charged per network of this many leading bits (1-128): one host
+    /// usually holds a whole /64.
+    pub rate_limit_ipv6_prefix: u8,
+    /// Redis of the `redis` rate-limit backend; unset: `redis_url`.
+    pub rate_limit_redis_url: Option<Secret>,
+    /// With `redis`: what a request gets when Redis cannot answer — `open` (let through,
+    /// unmetered) or `closed` (503).
+    pub rate_limit_redis_failure: RateLimitFailure,
 }
 
 impl Default for Settings {
@@ -225,6 +256,15 @@ impl Default for Settings {
             allow_dev_secrets: false,
             admin_host: "127.0.0.1".into(),
             admin_port: 9080,
+            seckill_api_internal_key: None,
+            order_service_internal_key: None,
+            // Far above what one address sends with real tokens (each is verified once per
+            // worker thread, then remembered); a garbage-token flood costs at most this.
+            rate_unverified_per_sec: 1000,
+            rate_unverified_burst: 2000,
+            rate_limit_ipv6_prefix: 64,
+            rate_limit_redis_url: None,
+            rate_limit_redis_failure: RateLimitFailure::Open,
         }
     }
 }
@@ -240,6 +280,15 @@ impl Settings {
     /// The parsed `trusted_proxies`.
     pub fn trusted_proxy_list(&self) -> Result<TrustedProxies, String> {
         TrustedProxies::parse(&self.trusted_proxies)
+    }
+
+    /// The key identity is signed with for `service`: its own, else `internal_key`.
+    pub fn service_key(&self, service: Service) -> &Secret {
+        let own = match service {
+            Service::SeckillApi => &self.seckill_api_internal_key,
+            Service::OrderService => &self.order_service_internal_key,
+        };
+        own.as_ref().unwrap_or(&self.internal_key)
     }
 
     fn validate_jwt(&self) -> Result<(), String> {
@@ -311,6 +360,23 @@ impl Validate for Settings {
             if self.rate_limit_redis_timeout.is_zero() {
                 return Err("rate_limit_redis_timeout_ms must be positive".into());
             }
+        }
+        for service in [Service::SeckillApi, Service::OrderService] {
+            // An HMAC key shorter than this is guessable offline from one captured request.
+            if self.service_key(service).expose().len() < 16 {
+                return Err(format!(
+                    "the internal key for {} must be at least 16 bytes",
+                    service.name()
+                ));
+            }
+        }
+        if !(1..=128).contains(&self.rate_limit_ipv6_prefix) {
+            return Err("rate_limit_ipv6_prefix must be 1 to 128".into());
+        }
+        if self.rate_unverified_per_sec > MAX_RATE_PER_SEC {
+            return Err(format!(
+                "rate_unverified_per_sec must be at most {MAX_RATE_PER_SEC}"
+            ));
         }
         if self.admin_host.trim().is_empty() {
             return Err("admin_host must name an interface".into());

@@ -195,10 +195,24 @@ impl Pipeline {
         let client = self
             .trusted_proxies
             .client_ip(incoming.peer.ip(), head.values(Kind::ForwardedFor));
-        let caller = self.auth.authenticate(head.value(Kind::Authorization));
+        let client = self.rate_limits.client_key(client);
+        let authorization = head.value(Kind::Authorization);
+        // A token this worker verified before costs nothing; any other token is charged to
+        // its client's pre-limit first, so a garbage-token flood pays for few signature checks.
+        let caller = match self.auth.known(authorization) {
+            Some(caller) => Ok(caller),
+            None => {
+                if authorization.is_some()
+                    && let Some(refusal) = self.rate_limits.check_unverified(&client).refusal()
+                {
+                    return refusal;
+                }
+                self.auth.authenticate(authorization)
+            }
+        };
         let key = match &caller {
             Ok(caller) => RateKey::User(caller.user_id),
-            Err(_) => RateKey::Client(client),
+            Err(_) => client,
         };
         let purchase = is_purchase(head.method(), head.path());
         let verdict = self.rate_limits.check(purchase, key).await;

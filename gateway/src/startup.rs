@@ -14,7 +14,7 @@ use crate::auth::{self, Authenticator};
 use crate::http1::{ConnectionLimits, HeadLimits, Outgoing};
 use crate::in_flight::{InFlight, Purchases};
 use crate::pipeline::Pipeline;
-use crate::proxy::{PoolSettings, ProxyState, Upstreams};
+use crate::proxy::{PoolSettings, ProxyState, Service, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve;
 
@@ -44,7 +44,14 @@ impl Application {
         let trusted_proxies = Arc::new(settings.trusted_proxy_list().map_err(anyhow::Error::msg)?);
         let eject_for = settings.upstream_eject;
         let state = ProxyState {
-            signer: IdentitySigner::new(settings.internal_key.expose(), 30_000),
+            seckill_api_signer: IdentitySigner::new(
+                settings.service_key(Service::SeckillApi).expose(),
+                Service::SeckillApi.name(),
+            ),
+            order_service_signer: IdentitySigner::new(
+                settings.service_key(Service::OrderService).expose(),
+                Service::OrderService.name(),
+            ),
             seckill_api: Arc::new(Upstreams::new(
                 "seckill-api",
                 settings.seckill_api_urls.clone(),

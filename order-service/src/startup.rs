@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::IdentityVerifier;
 use seckill_http::ops::{self, Probe};
 use seckill_messaging::{OrderSigner, Topology};
 use seckill_store::{RedisKeys, probes};
@@ -59,9 +59,10 @@ impl Application {
             redis: redis.clone(),
             keys: keys.clone(),
             db: db.clone(),
-            signer: IdentitySigner::new(
+            identity: IdentityVerifier::new(
                 settings.backend.internal_key.expose(),
-                settings.backend.identity_max_age_ms,
+                "order-service",
+                settings.backend.identity_window,
             ),
             redriver: Arc::new(redriver(&settings)),
         };

@@ -30,10 +30,10 @@ use hyper_util::rt::TokioIo;
 use lapin::options::QueuePurgeOptions;
 use tokio::process::{Child, Command};
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::{IdentitySigner, RequestFacts};
 use seckill_messaging::OrderMessage;
 use seckill_store::RedisConn;
-use seckill_testkit::{INTERNAL_KEY, TestNamespace, identity_headers};
+use seckill_testkit::{INTERNAL_KEY, SendAs, TestNamespace};
 
 mod support;
 use support::{Procs, load_average, median, wait_for_quiet};
@@ -424,7 +424,6 @@ impl Service {
         let response = self
             .http
             .post(self.url("/admin/products"))
-            .headers(identity_headers(1, &["admin"]))
             .json(&serde_json::json!({
                 "name": "bench",
                 "price_cents": 99_900,
@@ -433,7 +432,7 @@ impl Service {
                 "start_at": now - chrono::Duration::seconds(60),
                 "end_at": now + chrono::Duration::hours(2),
             }))
-            .send()
+            .send_as("seckill-api", 1, &["admin"])
             .await?;
         ensure!(
             response.status() == reqwest::StatusCode::CREATED,
@@ -622,7 +621,7 @@ impl Endpoint {
             address: SocketAddr::from(([127, 0, 0, 1], api.port)),
             path: format!("/api/seckill/{}", api.product),
             concurrency: args.concurrency,
-            signer: IdentitySigner::new(INTERNAL_KEY, 30_000),
+            signer: IdentitySigner::new(INTERNAL_KEY, "seckill-api"),
         }
     }
 
@@ -724,10 +723,19 @@ impl Worker {
         sender: &mut SendRequest<Empty<Bytes>>,
         user_id: i64,
     ) -> anyhow::Result<String> {
+        let request_id = uuid::Uuid::new_v4().to_string();
         let mut request = hyper::Request::post(self.path.as_str())
             .header(hyper::header::HOST, "127.0.0.1")
+            .header("x-request-id", &request_id)
             .body(Empty::<Bytes>::new())?;
-        self.signer.sign_into(request.headers_mut(), user_id, &[]);
+        let facts = RequestFacts {
+            method: "POST",
+            target: &self.path,
+            request_id: &request_id,
+            body: b"",
+        };
+        self.signer
+            .sign_into(request.headers_mut(), user_id, &[], &facts);
         sender.ready().await?;
         let response = sender.send_request(request).await?;
         let status = response.status().as_u16().to_string();

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::IdentityVerifier;
 use seckill_http::ops::{self, Probe};
 use seckill_messaging::{OrderSigner, Topology};
 use seckill_store::{RedisKeys, probes};
@@ -107,9 +107,10 @@ impl Application {
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),
             keys: keys.clone(),
-            signer: IdentitySigner::new(
+            identity: IdentityVerifier::new(
                 settings.backend.internal_key.expose(),
-                settings.backend.identity_max_age_ms,
+                "seckill-api",
+                settings.backend.identity_window,
             ),
             sold_out: Cache::builder()
                 .max_capacity(10_000)

@@ -2,10 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::FromRef;
 use moka::future::Cache;
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::IdentityVerifier;
 use seckill_store::RedisKeys;
 
 use crate::catalog::Catalog;
@@ -25,8 +24,8 @@ pub struct AppState {
     pub redis: seckill_store::Redis,
     /// Key names.
     pub keys: RedisKeys,
-    /// Verifies the gateway's identity headers.
-    pub signer: IdentitySigner,
+    /// Verifies the gateway's identity credentials (the routes' middleware holds it).
+    pub identity: IdentityVerifier,
     /// Products this replica saw sold out recently: answered 410 without Redis or Lua.
     /// Short-lived (`sold_out_local_ttl_ms`), because a cancelled order can put a unit back.
     pub sold_out: Cache<i64, ()>,
@@ -38,10 +37,4 @@ pub struct AppState {
     pub publisher: Option<OrderPublisher>,
     /// Buckets of a product created without a bucket count.
     pub default_buckets: i16,
-}
-
-impl FromRef<AppState> for IdentitySigner {
-    fn from_ref(state: &AppState) -> Self {
-        state.signer.clone()
-    }
 }

@@ -4,8 +4,8 @@
 //! Layout:
 //! - [`jwt`] — claims, the verifier pinned to one configured algorithm (HS256, RS256 or
 //!   EdDSA) with its `exp`/`nbf`/`iat`/`iss`/`aud` rules, and token minting (scripts, tests).
-//! - [`identity`] — the gateway → backend credential, an HMAC over user id, roles and a
-//!   timestamp, and the axum extractors backends use to read it.
+//! - [`identity`] — the gateway → backend credential, an HMAC over the caller, the time and
+//!   the request it is for, and the middleware and extractors backends check it with.
 //!
 //! Why an HMAC and not "backends verify the JWT": backends then never need the public JWT
 //! configuration (issuers, keys, rotation), a client that reaches a backend directly cannot
@@ -14,5 +14,7 @@
 pub mod identity;
 pub mod jwt;
 
-pub use identity::{AdminIdentity, Identity, IdentitySigner, join_roles};
+pub use identity::{
+    AdminIdentity, Identity, IdentitySigner, IdentityVerifier, RequestFacts, join_roles, verified,
+};
 pub use jwt::{ClaimRules, Claims, JwtAlgorithm, JwtVerifier, TokenError, TokenMinter, mint_token};

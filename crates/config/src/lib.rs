@@ -90,8 +90,10 @@ pub struct BackendSettings {
     pub namespace: String,
     /// Key of the gateway's identity signature (shared with the gateway).
     pub internal_key: Secret,
-    /// How old a gateway identity signature may be.
-    pub identity_max_age_ms: i64,
+    /// How far from now a gateway identity credential's time may be, either way
+    /// (`identity_window_ms`, at most 5000): its whole life, and the clock skew allowed.
+    #[serde(rename = "identity_window_ms", with = "formats::millis")]
+    pub identity_window: Duration,
     /// Key of the order messages' signature: seckill-api signs with it, order-service
     /// accepts only what it signed (shared by both backends).
     pub order_signing_key: Secret,
@@ -125,7 +127,7 @@ impl Default for BackendSettings {
             amqp_queue_type: AmqpQueueType::default(),
             namespace: "seckill".into(),
             internal_key: DEV_INTERNAL_KEY.into(),
-            identity_max_age_ms: 30_000,
+            identity_window: Duration::from_secs(5),
             order_signing_key: DEV_ORDER_SIGNING_KEY.into(),
             order_signing_key_previous: Secret::default(),
             startup_patience: Duration::from_secs(60),
@@ -141,9 +143,19 @@ impl Validate for BackendSettings {
         if self.internal_key.expose().is_empty() || self.order_signing_key.expose().is_empty() {
             return Err("internal_key and order_signing_key must not be empty".into());
         }
-        validate_namespace(&self.namespace)
+        validate_namespace(&self.namespace)?;
+        if self.identity_window.is_zero() || self.identity_window > MAX_IDENTITY_WINDOW {
+            return Err(format!(
+                "identity_window_ms must be 1 to {}",
+                MAX_IDENTITY_WINDOW.as_millis()
+            ));
+        }
+        Ok(())
     }
 }
+
+/// The longest an identity credential may live: a captured one is useless after this.
+pub const MAX_IDENTITY_WINDOW: Duration = Duration::from_secs(5);
 
 impl BackendSettings {
     /// The backend's secrets with their public development values, for
@@ -278,12 +290,12 @@ mod tests {
         // The shape env variables arrive in: flat keys, numbers parsed as numbers.
         let settings: Service = Figment::from(Serialized::defaults(Service::default()))
             .merge(Serialized::default("namespace", "t_x"))
-            .merge(Serialized::default("identity_max_age_ms", 5))
+            .merge(Serialized::default("identity_window_ms", 5))
             .merge(Serialized::default("port", 9))
             .extract()
             .expect("extract");
         assert_eq!(settings.backend.namespace, "t_x");
-        assert_eq!(settings.backend.identity_max_age_ms, 5);
+        assert_eq!(settings.backend.identity_window, Duration::from_millis(5));
         assert_eq!(
             settings.backend.log_format,
             LogFormat::Json,
@@ -312,6 +324,18 @@ mod tests {
             None,
             "a typo is refused, not read as a default"
         );
+    }
+
+    #[test]
+    fn the_identity_window_is_positive_and_at_most_five_seconds() {
+        let with = |ms| BackendSettings {
+            identity_window: Duration::from_millis(ms),
+            ..BackendSettings::default()
+        };
+        assert_eq!(BackendSettings::default().validate(), Ok(()));
+        assert_eq!(with(5_000).validate(), Ok(()));
+        assert!(with(0).validate().is_err());
+        assert!(with(5_001).validate().is_err());
     }
 
     #[test]

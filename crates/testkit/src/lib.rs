@@ -25,11 +25,11 @@ pub use own_redis::{OwnRedis, Persistence};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::{IdentitySigner, RequestFacts};
 use seckill_config::{BackendSettings, Secret};
 use seckill_messaging::Topology;
 use seckill_store::RedisKeys;
@@ -182,12 +182,63 @@ impl Default for TestNamespace {
     }
 }
 
-/// Identity headers the gateway would add for `user_id` with `roles`.
-pub fn identity_headers(user_id: i64, roles: &[&str]) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+/// Signs `request` for `service` (`seckill-api`, `order-service`) as the gateway would for
+/// `user_id` with `roles`: a new `x-request-id` unless it has one, then the identity bound
+/// to its method, path and query, request id and body.
+pub fn sign_request(request: &mut reqwest::Request, service: &str, user_id: i64, roles: &[&str]) {
+    if !request.headers().contains_key("x-request-id") {
+        let id = uuid::Uuid::new_v4().to_string();
+        let value = HeaderValue::from_str(&id).expect("a uuid is a header value");
+        request.headers_mut().insert("x-request-id", value);
+    }
+    let target = match request.url().query() {
+        Some(query) => format!("{}?{query}", request.url().path()),
+        None => request.url().path().to_string(),
+    };
+    let request_id = request.headers()["x-request-id"]
+        .to_str()
+        .expect("a text request id")
+        .to_string();
+    let body = request
+        .body()
+        .and_then(|b| b.as_bytes())
+        .unwrap_or_default()
+        .to_vec();
+    let facts = RequestFacts {
+        method: request.method().as_str(),
+        target: &target,
+        request_id: &request_id,
+        body: &body,
+    };
     let roles: Vec<String> = roles.iter().map(|r| r.to_string()).collect();
-    IdentitySigner::new(INTERNAL_KEY, 30_000).sign_into(&mut headers, user_id, &roles);
-    headers
+    let mut headers = HeaderMap::new();
+    IdentitySigner::new(INTERNAL_KEY, service).sign_into(&mut headers, user_id, &roles, &facts);
+    request.headers_mut().extend(headers);
+}
+
+/// Sends a request with the identity the gateway would sign ([`sign_request`]).
+pub trait SendAs {
+    /// Sends it to `service` as `user_id` with `roles`.
+    fn send_as(
+        self,
+        service: &str,
+        user_id: i64,
+        roles: &[&str],
+    ) -> impl Future<Output = reqwest::Result<reqwest::Response>> + Send;
+}
+
+impl SendAs for reqwest::RequestBuilder {
+    async fn send_as(
+        self,
+        service: &str,
+        user_id: i64,
+        roles: &[&str],
+    ) -> reqwest::Result<reqwest::Response> {
+        let (client, request) = self.build_split();
+        let mut request = request?;
+        sign_request(&mut request, service, user_id, roles);
+        client.execute(request).await
+    }
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, failing the test after `timeout`.

@@ -5,7 +5,8 @@
 //! gateway's own — `X-Forwarded-For` (the client's list plus the peer), `X-Forwarded-Proto`
 //! (`https` only when a trusted proxy says so), `X-Request-Id`, a W3C `traceparent` (the
 //! client's if well formed, else a new trace, its `tracestate` dropped) and the signed
-//! identity — and the body framed by its `Content-Length`. Never forwarded: hop-by-hop
+//! identity, bound to this request line, request id, body and target service
+//! ([`seckill_auth::identity::credential`]) — and the body framed by its `Content-Length`. Never forwarded: hop-by-hop
 //! headers and those `Connection` names, the client's `Authorization` (backends trust only
 //! the signed identity), any identity header the client sent, `Expect` (answered here), and
 //! the client's framing.
@@ -18,7 +19,7 @@ use std::net::SocketAddr;
 
 use axum::http::Method;
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::{IdentitySigner, RequestFacts};
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
@@ -41,7 +42,7 @@ pub struct Forward<'a> {
     pub trace: &'a TraceContext<'a>,
     /// The verified caller, signed for the backend.
     pub caller: &'a Caller,
-    /// Signs the identity.
+    /// Signs the identity for the service the request goes to.
     pub signer: &'a IdentitySigner,
 }
 
@@ -76,8 +77,19 @@ impl Forward<'_> {
         header_line(&mut out, b"x-forwarded-proto", proto);
         header_line(&mut out, b"x-request-id", self.request_id);
         self.trace.write(&mut out, head);
-        self.signer
-            .write_lines(&mut out, self.caller.user_id, &self.caller.roles_joined);
+        // Bound to the request as written: the target and request id above, the body below.
+        let facts = RequestFacts {
+            method: head.method().as_str(),
+            target: head.target(),
+            request_id: std::str::from_utf8(self.request_id).unwrap_or(""),
+            body: self.body,
+        };
+        self.signer.write_lines(
+            &mut out,
+            self.caller.user_id,
+            &self.caller.roles_joined,
+            &facts,
+        );
         let carries_body = !self.body.is_empty()
             || matches!(*head.method(), Method::POST | Method::PUT | Method::PATCH);
         if carries_body {
@@ -210,7 +222,7 @@ mod tests {
             request_id: b"rid-1",
             trace: &trace,
             caller: &caller(),
-            signer: &IdentitySigner::new("k", 30_000),
+            signer: &IdentitySigner::new("k", "seckill-api"),
         };
         String::from_utf8(forward.encode(b"replica:8081")).expect("text")
     }

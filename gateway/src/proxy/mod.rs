@@ -5,7 +5,7 @@
 //! replica's keep-alive connections, checked out by the request that holds one (the
 //! exchange itself is [`crate::http1::client`]'s); [`headers`] —
 //! what the gateway adds to and removes from forwarded headers (`X-Forwarded-*`,
-//! `traceparent`).
+//! `traceparent`, the signed identity).
 
 pub mod headers;
 pub mod pool;
@@ -30,8 +30,10 @@ pub use upstream::Upstreams;
 /// What the proxy handler needs.
 #[derive(Clone, Debug)]
 pub struct ProxyState {
-    /// Signs the identity headers for backends.
-    pub signer: IdentitySigner,
+    /// Signs the identity headers for seckill-api, with its key.
+    pub seckill_api_signer: IdentitySigner,
+    /// Signs the identity headers for order-service, with its key.
+    pub order_service_signer: IdentitySigner,
     /// seckill-api replicas.
     pub seckill_api: Arc<Upstreams>,
     /// order-service replicas.
@@ -44,6 +46,14 @@ pub struct ProxyState {
 }
 
 impl ProxyState {
+    /// The signer of identity credentials for `service`.
+    pub fn signer(&self, service: Service) -> &IdentitySigner {
+        match service {
+            Service::SeckillApi => &self.seckill_api_signer,
+            Service::OrderService => &self.order_service_signer,
+        }
+    }
+
     /// The replicas of `service`.
     pub fn upstreams(&self, service: Service) -> &Upstreams {
         match service {
@@ -143,7 +153,7 @@ pub async fn forward(
         request_id,
         trace: &trace,
         caller,
-        signer: &state.signer,
+        signer: state.signer(service),
     };
     let upstreams = state.upstreams(service);
     for replica in upstreams.rotation() {

@@ -4,45 +4,57 @@
 //! address otherwise (see [`crate::client_ip`]). The purchase route has its own
 //! quota, everything else shares another. The buckets live in this process
 //! ([`memory`], tower_governor) or, with `rate_limit_backend = "redis"`, in Redis so that
-//! every replica enforces the same quotas ([`redis`], failing open when Redis is down).
+//! every replica enforces the same quotas ([`redis`], its own Redis if
+//! `rate_limit_redis_url` says so; when Redis is down a request passes unmetered or, with
+//! `rate_limit_redis_failure = "closed"`, gets a 503). IPv6 clients are charged per network
+//! (`rate_limit_ipv6_prefix`, a /64 by default).
+//!
+//! Before a bearer token this process has not verified yet is checked in full (a signature
+//! check: the dearest step of a request), its client address is charged against the
+//! in-memory `unverified` pre-limit: a flood of garbage tokens from one address is refused
+//! 429 after the pre-limit's burst without paying for more signature checks.
 //!
 //! Every response carries `x-ratelimit-limit` (the burst) and `x-ratelimit-remaining`; a 429
 //! adds `Retry-After` and `x-ratelimit-reset`, both the whole seconds until the next request
 //! would pass, rounded up so no client is told to come back early.
 //!
 //! Layout: [`quota`] — whom a request is charged to and against what; [`memory`] and
-//! [`redis`] — the two places buckets live; here — the verdict and its headers.
+//! [`redis`] — the two places buckets live; `verdict` — the answer and its headers; here —
+//! the quotas the settings ask for, and which one a request is charged to.
 
 pub mod memory;
 pub mod quota;
 pub mod redis;
+mod verdict;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::config::RateLimitBackend;
 use crate::config::Settings;
-use crate::http1::Response;
-use crate::refusal;
+pub use crate::config::{RateLimitBackend, RateLimitFailure};
 use memory::MemoryQuota;
 use quota::Decision;
 pub use quota::{QuotaSpec, RateKey};
 use redis::RedisQuotas;
 
-const X_RATELIMIT_LIMIT: &[u8] = b"x-ratelimit-limit";
-const X_RATELIMIT_REMAINING: &[u8] = b"x-ratelimit-remaining";
-const X_RATELIMIT_RESET: &[u8] = b"x-ratelimit-reset";
-const RETRY_AFTER: &[u8] = b"retry-after";
+pub use verdict::Verdict;
 
-/// The gateway's two quotas and where their buckets live, built from the settings.
+/// The gateway's quotas and where their buckets live, built from the settings.
 #[derive(Clone)]
 pub struct RateLimits {
     purchase: Option<QuotaSpec>,
     default: Option<QuotaSpec>,
     backend: Backend,
+    /// The pre-limit on unverified tokens per client address, always in this process: it
+    /// guards this replica's CPU, and must cost less than the signature check it saves.
+    unverified: Option<(QuotaSpec, MemoryQuota)>,
+    /// Leading bits of an IPv6 client address that name the client.
+    ipv6_prefix: u8,
+    /// What a request gets when the Redis backend cannot answer.
+    on_failure: RateLimitFailure,
 }
 
 #[derive(Clone)]
@@ -81,20 +93,30 @@ impl RateLimits {
             },
             RateLimitBackend::Redis => Backend::Redis(RedisQuotas::connect(settings).await?),
         };
+        let unverified = QuotaSpec::new(
+            "unverified",
+            settings.rate_unverified_per_sec,
+            settings.rate_unverified_burst,
+        )
+        .filter(|_| enabled)
+        .map(|spec| (spec, MemoryQuota::new(spec)));
         Ok(Self {
             purchase,
             default,
             backend,
+            unverified,
+            ipv6_prefix: settings.rate_limit_ipv6_prefix,
+            on_failure: settings.rate_limit_redis_failure,
         })
     }
 
     /// Forgets idle in-memory keys once a minute until `cancel`: without it every user and
     /// address ever seen would stay in memory. (Redis buckets expire by themselves.)
     pub fn spawn_housekeeping(&self, cancel: CancellationToken) {
-        let Backend::Memory { purchase, default } = &self.backend else {
-            return;
-        };
-        let quotas: Vec<MemoryQuota> = [purchase, default].into_iter().flatten().cloned().collect();
+        let mut quotas: Vec<MemoryQuota> = self.unverified.iter().map(|(_, q)| q.clone()).collect();
+        if let Backend::Memory { purchase, default } = &self.backend {
+            quotas.extend([purchase, default].into_iter().flatten().cloned());
+        }
         if quotas.is_empty() {
             return;
         }
@@ -111,62 +133,21 @@ impl RateLimits {
     }
 }
 
-/// What a quota says about one request.
-#[derive(Debug)]
-pub enum Verdict {
-    /// Let through; the response carries the quota's headers.
-    Allowed {
-        /// The burst, for `x-ratelimit-limit`.
-        limit: u32,
-        /// Requests left right now, for `x-ratelimit-remaining`.
-        remaining: u64,
-    },
-    /// Refused: a 429.
-    Limited {
-        /// The burst, for `x-ratelimit-limit`.
-        limit: u32,
-        /// Whole seconds until the next request would pass (already rounded up, at least 1),
-        /// for `Retry-After` and `x-ratelimit-reset`.
-        wait_secs: u64,
-    },
-    /// No quota applies (switched off), or its Redis did not answer (fail open).
-    Unmetered,
-}
-
-impl Verdict {
-    /// Puts the quota's headers on a response: `x-ratelimit-limit` and `-remaining`, and on a
-    /// refusal `Retry-After` and `x-ratelimit-reset` too.
-    pub fn annotate(&self, response: &mut Response) {
-        let mut number = itoa::Buffer::new();
-        let (limit, remaining, wait_secs) = match *self {
-            Self::Allowed { limit, remaining } => (limit, remaining, None),
-            Self::Limited { limit, wait_secs } => (limit, 0, Some(wait_secs)),
-            Self::Unmetered => return,
-        };
-        response.push_header(X_RATELIMIT_LIMIT, number.format(limit).as_bytes());
-        response.push_header(X_RATELIMIT_REMAINING, number.format(remaining).as_bytes());
-        if let Some(wait) = wait_secs {
-            response.push_header(RETRY_AFTER, number.format(wait).as_bytes());
-            response.push_header(X_RATELIMIT_RESET, number.format(wait).as_bytes());
-        }
-    }
-
-    /// The JSON 429 when the request was refused, with the quota's headers.
-    pub fn refusal(&self) -> Option<Response> {
-        let Self::Limited { .. } = self else {
-            return None;
-        };
-        let mut response = refusal::error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            "too many requests, retry later",
-        );
-        self.annotate(&mut response);
-        Some(response)
-    }
-}
-
 impl RateLimits {
+    /// The rate key of a client at `ip` (IPv6 by network, [`RateKey::client`]).
+    pub fn client_key(&self, ip: std::net::IpAddr) -> RateKey {
+        RateKey::client(ip, self.ipv6_prefix)
+    }
+
+    /// Charges `client` (a [`RateKey::Client`]) one request whose token is about to be
+    /// verified in full.
+    pub fn check_unverified(&self, client: &RateKey) -> Verdict {
+        let Some((spec, quota)) = &self.unverified else {
+            return Verdict::Unmetered;
+        };
+        Self::verdict(spec, quota.check(client), RateLimitFailure::Open)
+    }
+
     /// Charges one request of `key` against the purchase quota or the default one.
     pub async fn check(&self, purchase: bool, key: RateKey) -> Verdict {
         let Some(spec) = (if purchase {
@@ -187,6 +168,10 @@ impl RateLimits {
             },
             Backend::Redis(quotas) => quotas.check(&spec, &key).await,
         };
+        Self::verdict(&spec, decision, self.on_failure)
+    }
+
+    fn verdict(spec: &QuotaSpec, decision: Decision, on_failure: RateLimitFailure) -> Verdict {
         match decision {
             Decision::Allowed { remaining } => Verdict::Allowed {
                 limit: spec.burst,
@@ -199,7 +184,10 @@ impl RateLimits {
                     wait_secs: retry_after_secs.max(1),
                 }
             }
-            Decision::Unknown => Verdict::Unmetered,
+            Decision::Unknown => match on_failure {
+                RateLimitFailure::Open => Verdict::Unmetered,
+                RateLimitFailure::Closed => Verdict::Unavailable,
+            },
         }
     }
 }

@@ -1,9 +1,11 @@
 //! The cluster-wide backend: the same quotas, with the buckets in Redis so every gateway
 //! replica charges the same ones (`gcra.lua`, one script call per request).
 //!
-//! Rate limiting protects the platform but must not become a way to take it down: when Redis
-//! cannot answer within `rate_limit_redis_timeout_ms`, or no connection is up, the request is
-//! let through (fail open) and `gateway_rate_limit_backend_errors_total` counts it. Requests
+//! When Redis cannot answer within `rate_limit_redis_timeout_ms`, or no connection is up,
+//! `gateway_rate_limit_backend_errors_total` counts it and the verdict is left to
+//! `rate_limit_redis_failure`: let through (open, the default: the limiter's outage does not
+//! stop the platform) or refused (closed). Its Redis may be its own (`rate_limit_redis_url`),
+//! so the purchase path's load cannot starve it. Requests
 //! never wait for a connection to be made: a background task (re)connects, at most once per
 //! [`RECONNECT_PAUSE`].
 
@@ -70,7 +72,11 @@ impl RedisQuotas {
     /// A handle on the Redis the settings name; tries to connect for up to a second so a
     /// healthy start limits from the first request, then keeps trying in the background.
     pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<Self>> {
-        let url = settings.redis_url.expose();
+        let url = settings
+            .rate_limit_redis_url
+            .as_ref()
+            .unwrap_or(&settings.redis_url)
+            .expose();
         let link = if settings.redis_cluster {
             let seeds = seckill_config::split_list(url);
             let client = ClusterClient::builder(seeds)
@@ -96,7 +102,7 @@ impl RedisQuotas {
             }
             _ => {
                 tracing::warn!(
-                    "rate-limit Redis unreachable at start; limits fail open until it is"
+                    "rate-limit Redis unreachable at start; its failure mode applies until it is"
                 );
                 quotas.connecting.store(false, Ordering::SeqCst);
                 quotas.reconnect();
@@ -115,7 +121,7 @@ impl RedisQuotas {
     pub async fn check(self: &Arc<Self>, spec: &QuotaSpec, key: &RateKey) -> Decision {
         let Some(conn) = self.conn.read().expect("lock").clone() else {
             self.reconnect();
-            return fail_open("no connection");
+            return unanswered("no connection");
         };
         let mut invocation = self.script.key(self.bucket(spec, key));
         invocation.arg(spec.interval_us()).arg(spec.burst);
@@ -144,9 +150,9 @@ impl RedisQuotas {
                     self.reconnect();
                 }
                 tracing::debug!(error = %e, "rate-limit script failed");
-                fail_open("error")
+                unanswered("error")
             }
-            Err(_) => fail_open("timeout"),
+            Err(_) => unanswered("timeout"),
         }
     }
 
@@ -176,7 +182,8 @@ impl RedisQuotas {
     }
 }
 
-fn fail_open(why: &'static str) -> Decision {
+/// Counts a check Redis did not answer; the caller's failure mode decides the request.
+fn unanswered(why: &'static str) -> Decision {
     metrics::counter!("gateway_rate_limit_backend_errors_total", "error" => why).increment(1);
     Decision::Unknown
 }

@@ -10,6 +10,7 @@ mod e2e;
 mod echo;
 mod framing;
 mod helpers;
+mod identity;
 mod keepalive;
 mod ledger;
 mod limits;

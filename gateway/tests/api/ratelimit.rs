@@ -157,6 +157,46 @@ async fn behind_a_trusted_proxy_the_rightmost_untrusted_address_is_the_bucket() 
 }
 
 #[tokio::test]
+async fn ipv6_clients_share_a_bucket_per_64_by_default() {
+    let echo = spawn_echo().await;
+    let gateway = limited_gateway(&echo.url, "127.0.0.1/32").await;
+    let from = |xff: String| {
+        let request = gateway.get("/api/products").header("x-forwarded-for", xff);
+        async move { request.send().await.expect("request") }
+    };
+    // A new address inside one /64 for every request: still one bucket.
+    let mut host = 0;
+    let (passed, limited) = until_limited(|| {
+        host += 1;
+        from(format!("2001:db8:7:7::{host:x}"))
+    })
+    .await;
+    assert!(passed.iter().all(|s| *s == 401), "{passed:?}");
+    assert_is_429(limited, 3).await;
+    let next_door = from("2001:db8:7:8::1".into()).await;
+    assert_eq!(next_door.status(), 401, "another /64 has its own bucket");
+
+    // With /128, every address is a client of its own.
+    let per_address = spawn_gateway(gateway::Settings {
+        rate_default_per_sec: 1,
+        rate_default_burst: 1,
+        rate_limit_ipv6_prefix: 128,
+        trusted_proxies: "127.0.0.1/32".into(),
+        ..settings(&echo.url)
+    })
+    .await;
+    for host in 1..=5 {
+        let response = per_address
+            .get("/api/products")
+            .header("x-forwarded-for", format!("2001:db8:7:9::{host}"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 401, "address {host}");
+    }
+}
+
+#[tokio::test]
 async fn with_rate_limits_off_nothing_is_throttled() {
     let echo = spawn_echo().await;
     let gateway = spawn_gateway(gateway::Settings {

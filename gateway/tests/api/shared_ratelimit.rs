@@ -1,7 +1,8 @@
 //! `rate_limit_backend = "redis"`: the quotas hold across gateway replicas, and a Redis
 //! outage lets traffic through instead of stopping it.
 
-use seckill_testkit::TestNamespace;
+use gateway::ratelimit::RateLimitFailure;
+use seckill_testkit::{OwnRedis, Persistence, TestNamespace};
 
 use crate::echo::{closed_port_url, settings, spawn_echo, spawn_gateway};
 use crate::helpers::user_token;
@@ -105,6 +106,51 @@ async fn with_redis_down_requests_pass_and_the_failure_is_counted() {
         .await;
     assert!(after >= before + 5.0, "{before} -> {after}");
     assert_eq!(echo.hits(), 5);
+}
+
+#[tokio::test]
+async fn on_its_own_redis_failing_the_limits_fail_closed_or_open_as_configured() {
+    let ns = TestNamespace::new();
+    let echo = spawn_echo().await;
+    let mut own = OwnRedis::start(Persistence::None);
+    let on_own_redis = |failure| gateway::Settings {
+        rate_limit_redis_url: Some(own.url().as_str().into()),
+        rate_limit_redis_failure: failure,
+        redis_cluster: false,
+        ..shared(&echo.url, &ns)
+    };
+    let closed = spawn_gateway(on_own_redis(RateLimitFailure::Closed)).await;
+    let open = spawn_gateway(on_own_redis(RateLimitFailure::Open)).await;
+    let buy = |gateway: &crate::echo::Gateway, user: i64| {
+        let request = gateway.post("/api/seckill/1").bearer_auth(user_token(user));
+        async move { request.send().await.expect("request") }
+    };
+    for gateway in [&closed, &open] {
+        let metered = buy(gateway, 75).await;
+        assert_eq!(metered.status(), 200);
+        assert!(metered.headers().contains_key("x-ratelimit-remaining"));
+    }
+    // The bucket is in the gateway's own Redis, not in the shared one.
+    let key = format!("{}:ratelimit:{{u:75}}:purchase", ns.namespace);
+    let mut shared_redis = ns.redis().await;
+    let in_shared: bool = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut shared_redis)
+        .await
+        .expect("exists");
+    assert!(!in_shared, "{key} in the shared Redis");
+
+    own.kill();
+    let refused = buy(&closed, 76).await;
+    assert_eq!(refused.status(), 503, "fail closed");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: serde_json::Value = refused.json().await.expect("json");
+    assert_eq!(body["code"], "unavailable");
+    let allowed = buy(&open, 76).await;
+    assert_eq!(allowed.status(), 200, "fail open");
+    assert!(!allowed.headers().contains_key("x-ratelimit-remaining"));
+    drop((closed, open));
+    ns.cleanup().await;
 }
 
 /// A TCP relay to Redis that the test can cut and restore, as a Redis outage would.

@@ -10,10 +10,9 @@ mod orders;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::FromRef;
 use sqlx::PgPool;
 
-use seckill_auth::IdentitySigner;
+use seckill_auth::IdentityVerifier;
 use seckill_http::ops::{self, Probe};
 use seckill_store::{Redis, RedisKeys};
 
@@ -31,25 +30,21 @@ pub struct AppState {
     pub(crate) keys: RedisKeys,
     /// The consumer's circuit breaker, which the breaker admin routes show and force.
     pub(crate) breaker: Arc<CircuitBreaker>,
-    /// Verifies the gateway's identity headers.
-    pub(crate) signer: IdentitySigner,
+    /// Verifies the gateway's identity credentials (the routes' middleware holds it).
+    pub(crate) identity: IdentityVerifier,
     /// Publishes redriven dead letters, paced.
     pub(crate) redriver: Arc<Redriver>,
 }
 
-impl FromRef<AppState> for IdentitySigner {
-    fn from_ref(state: &AppState) -> Self {
-        state.signer.clone()
-    }
-}
-
 /// Every route of the service — business, admin and ops (`/healthz`, `/readyz`, `/metrics`,
-/// answering `probes`) — inside the request-id, tracing, panic and metrics layers.
+/// answering `probes`) — the business ones behind the identity check, all inside the request-id, tracing, panic and metrics layers.
 pub fn router(state: AppState, probes: Vec<(&'static str, Probe)>) -> Router {
-    let routes = Router::new()
+    let identity = state.identity.clone();
+    let business = Router::new()
         .merge(orders::router())
         .merge(admin::router())
-        .with_state(state)
-        .merge(ops::router(probes));
+        .with_state(state);
+    // Credentials are checked on the business routes only: ops routes take none.
+    let routes = seckill_auth::verified(business, identity).merge(ops::router(probes));
     seckill_http::layers::instrument(routes, "order-service")
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use seckill_testkit::{TestNamespace, eventually, identity_headers};
+use seckill_testkit::{SendAs, TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app_with};
 
@@ -16,8 +16,7 @@ fn quick_mode_poll(settings: &mut order_service::Settings) {
 async fn breaker(app: &TestApp) -> Value {
     reqwest::Client::new()
         .get(format!("{}/admin/orders/breaker", app.address))
-        .headers(identity_headers(1, &["admin"]))
-        .send()
+        .send_as("order-service", 1, &["admin"])
         .await
         .expect("get breaker")
         .json()
@@ -64,9 +63,8 @@ async fn forced_open_from_the_cli_pauses_the_consumer_and_auto_resumes_it() {
     // Back to automatic through the admin API: the consumer resumes and drains.
     let set = reqwest::Client::new()
         .put(format!("{}/admin/orders/breaker", app.address))
-        .headers(identity_headers(1, &["admin"]))
         .json(&json!({"mode": "auto"}))
-        .send()
+        .send_as("order-service", 1, &["admin"])
         .await
         .expect("put breaker");
     assert_eq!(set.status(), 200);
@@ -87,9 +85,8 @@ async fn the_breaker_admin_api_needs_an_admin_and_a_valid_mode() {
     let url = format!("{}/admin/orders/breaker", app.address);
     let as_user = client
         .put(&url)
-        .headers(identity_headers(5, &[]))
         .json(&json!({"mode": "open"}))
-        .send()
+        .send_as("order-service", 5, &[])
         .await
         .expect("put");
     assert_eq!(as_user.status(), 403);
@@ -100,9 +97,8 @@ async fn the_breaker_admin_api_needs_an_admin_and_a_valid_mode() {
     ] {
         let response = client
             .put(&url)
-            .headers(identity_headers(1, &["admin"]))
             .json(&bad)
-            .send()
+            .send_as("order-service", 1, &["admin"])
             .await
             .expect("put");
         assert_eq!(response.status(), 400, "{bad}");

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use order_service::{Application, Settings};
 use seckill_messaging::{HEADER_SIGNATURE, OrderMessage, OrderSigner};
-use seckill_testkit::TestNamespace;
+use seckill_testkit::{SendAs, TestNamespace};
 
 pub struct TestApp {
     pub address: String,
@@ -164,8 +164,7 @@ impl TestApp {
     pub async fn get_as(&self, user_id: i64, path: &str) -> reqwest::Response {
         reqwest::Client::new()
             .get(format!("{}{path}", self.address))
-            .headers(seckill_testkit::identity_headers(user_id, &[]))
-            .send()
+            .send_as("order-service", user_id, &[])
             .await
             .expect("request")
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use seckill_testkit::{OwnPostgres, TestNamespace, eventually, identity_headers};
+use seckill_testkit::{OwnPostgres, SendAs, TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app_with};
 
@@ -17,8 +17,7 @@ const BATCH: usize = 8;
 async fn breaker_state(app: &TestApp) -> String {
     let body: Value = reqwest::Client::new()
         .get(format!("{}/admin/orders/breaker", app.address))
-        .headers(identity_headers(1, &["admin"]))
-        .send()
+        .send_as("order-service", 1, &["admin"])
         .await
         .expect("get breaker")
         .json()

@@ -8,7 +8,7 @@ use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::{Value, json};
 
 use seckill_messaging::OrderMessage;
-use seckill_testkit::{TestNamespace, eventually, identity_headers};
+use seckill_testkit::{SendAs, TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app_with};
 
@@ -17,9 +17,8 @@ const ADMIN: i64 = 900;
 async fn admin_post(app: &TestApp, path: &str, body: Value) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{}/admin/dlq/{path}", app.address))
-        .headers(identity_headers(ADMIN, &["admin"]))
         .json(&body)
-        .send()
+        .send_as("order-service", ADMIN, &["admin"])
         .await
         .expect("admin request")
 }
@@ -80,9 +79,8 @@ async fn poison_messages_are_parked_and_after_the_fix_a_redrive_makes_each_one_o
     // Operators only, and never "everything" by accident.
     let as_user = reqwest::Client::new()
         .post(format!("{}/admin/dlq/redrive", app.address))
-        .headers(identity_headers(5, &[]))
         .json(&json!({ "product_id": missing }))
-        .send()
+        .send_as("order-service", 5, &[])
         .await
         .expect("request");
     assert_eq!(as_user.status(), 403);

@@ -4,15 +4,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use seckill_testkit::{TestNamespace, eventually, identity_headers};
+use seckill_testkit::{SendAs, TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app_with};
 
 async fn post_as(app: &TestApp, user_id: i64, path: &str) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{}{path}", app.address))
-        .headers(identity_headers(user_id, &[]))
-        .send()
+        .send_as("order-service", user_id, &[])
         .await
         .expect("request")
 }

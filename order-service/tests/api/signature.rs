@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use seckill_messaging::OrderSigner;
-use seckill_testkit::{TestNamespace, eventually, identity_headers};
+use seckill_testkit::{SendAs, TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
@@ -138,9 +138,8 @@ async fn a_redrive_keeps_the_signature_a_dead_letter_arrived_with() {
 
     let redriven: Value = reqwest::Client::new()
         .post(format!("{}/admin/dlq/redrive", app.address))
-        .headers(identity_headers(900, &["admin"]))
         .json(&json!({ "product_id": missing }))
-        .send()
+        .send_as("order-service", 900, &["admin"])
         .await
         .expect("redrive")
         .json()

@@ -9,9 +9,11 @@ use axum::routing::{get, patch, post};
 
 use crate::state::AppState;
 
-/// Every business route; ops routes are added by `startup`.
+/// Every business route, behind the gateway identity check; ops routes are added by
+/// `startup`.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let identity = state.identity.clone();
+    let routes = Router::new()
         .route("/api/seckill/{product_id}", post(purchase::purchase))
         .route("/api/seckill/{product_id}/result", get(purchase::result))
         .route("/api/products", get(products::list))
@@ -19,5 +21,6 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/products", post(products::create))
         .route("/admin/products/{product_id}", patch(products::update))
         .route("/admin/products/{product_id}/stock", get(reconcile::stock))
-        .with_state(state)
+        .with_state(state);
+    seckill_auth::verified(routes, identity)
 }

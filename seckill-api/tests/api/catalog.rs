@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_api::{Application, Settings};
 use seckill_config::Secret;
-use seckill_testkit::{TestNamespace, eventually, identity_headers};
+use seckill_testkit::{SendAs, TestNamespace, eventually};
 
 use crate::helpers::{assert_error, create_product_at, settings_for};
 
@@ -45,8 +45,7 @@ impl Replica {
     async fn get_product(&self, id: i64) -> Response {
         self.client
             .get(format!("{}/api/products/{id}", self.address))
-            .headers(identity_headers(42, &[]))
-            .send()
+            .send_as("seckill-api", 42, &[])
             .await
             .expect("product request")
     }
@@ -54,8 +53,7 @@ impl Replica {
     async fn purchase(&self, id: i64, user_id: i64) -> Response {
         self.client
             .post(format!("{}/api/seckill/{id}", self.address))
-            .headers(identity_headers(user_id, &[]))
-            .send()
+            .send_as("seckill-api", user_id, &[])
             .await
             .expect("purchase request")
     }
@@ -63,9 +61,8 @@ impl Replica {
     async fn patch(&self, id: impl std::fmt::Display, roles: &[&str], body: Value) -> Response {
         self.client
             .patch(format!("{}/admin/products/{id}", self.address))
-            .headers(identity_headers(1, roles))
             .json(&body)
-            .send()
+            .send_as("seckill-api", 1, roles)
             .await
             .expect("patch request")
     }
@@ -399,10 +396,9 @@ async fn patching_a_product_validates_like_creating_one() {
     let not_json = app
         .client
         .patch(format!("{}/admin/products/{id}", app.address))
-        .headers(identity_headers(1, &["admin"]))
         .header("content-type", "application/json")
         .body("{not json")
-        .send()
+        .send_as("seckill-api", 1, &["admin"])
         .await
         .expect("request");
     assert_error(not_json, 400, "invalid_request").await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use seckill_testkit::{eventually, identity_headers};
+use seckill_testkit::{SendAs, eventually};
 
 use crate::helpers::{TestApp, assert_error, spawn_app};
 
@@ -37,8 +37,7 @@ async fn wipe(app: &TestApp, product: i64) {
 async fn ledger_state(app: &TestApp, product: i64) -> Value {
     app.client
         .get(format!("{}/admin/products/{product}/stock", app.address))
-        .headers(identity_headers(1, &["admin"]))
-        .send()
+        .send_as("seckill-api", 1, &["admin"])
         .await
         .expect("stock report")
         .json()

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use seckill_api::{Application, Settings};
-use seckill_testkit::{TestNamespace, identity_headers};
+use seckill_testkit::{SendAs, TestNamespace};
 
 pub struct TestApp {
     pub address: String,
@@ -80,7 +80,6 @@ impl TestApp {
         let response = self
             .client
             .post(format!("{}/admin/products", self.address))
-            .headers(identity_headers(1, &["admin"]))
             .json(&json!({
                 "name": "bucketed product",
                 "price_cents": 500,
@@ -89,7 +88,7 @@ impl TestApp {
                 "start_at": now - ChronoDuration::seconds(60),
                 "end_at": now + ChronoDuration::hours(1),
             }))
-            .send()
+            .send_as("seckill-api", 1, &["admin"])
             .await
             .expect("create product");
         assert_eq!(response.status(), 201);
@@ -133,8 +132,7 @@ impl TestApp {
     pub async fn purchase(&self, product: impl std::fmt::Display, user_id: i64) -> Response {
         self.client
             .post(format!("{}/api/seckill/{product}", self.address))
-            .headers(identity_headers(user_id, &[]))
-            .send()
+            .send_as("seckill-api", user_id, &[])
             .await
             .expect("purchase request")
     }
@@ -142,8 +140,7 @@ impl TestApp {
     pub async fn result(&self, product: i64, user_id: i64) -> Value {
         self.client
             .get(format!("{}/api/seckill/{product}/result", self.address))
-            .headers(identity_headers(user_id, &[]))
-            .send()
+            .send_as("seckill-api", user_id, &[])
             .await
             .expect("result request")
             .json()
@@ -220,7 +217,6 @@ pub async fn create_product_at(
 ) -> i64 {
     let response = client
         .post(format!("{address}/admin/products"))
-        .headers(identity_headers(1, &["admin"]))
         .json(&json!({
             "name": "test product",
             "price_cents": 1999,
@@ -228,7 +224,7 @@ pub async fn create_product_at(
             "start_at": start,
             "end_at": end,
         }))
-        .send()
+        .send_as("seckill-api", 1, &["admin"])
         .await
         .expect("create product");
     assert_eq!(response.status(), 201);

@@ -8,16 +8,15 @@ use serde_json::Value;
 use axum::http::StatusCode;
 use seckill_api::error::ApiError;
 use seckill_api::idempotency::{Claim, Idempotency};
-use seckill_testkit::identity_headers;
+use seckill_testkit::SendAs;
 
 use crate::helpers::{TestApp, assert_error, spawn_app};
 
 async fn buy_with_key(app: &TestApp, product: i64, user: i64, key: &str) -> reqwest::Response {
     app.client
         .post(format!("{}/api/seckill/{product}", app.address))
-        .headers(identity_headers(user, &[]))
         .header("idempotency-key", key)
-        .send()
+        .send_as("seckill-api", user, &[])
         .await
         .expect("purchase")
 }

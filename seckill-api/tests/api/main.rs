@@ -8,6 +8,7 @@ mod fence;
 #[allow(dead_code)]
 mod helpers;
 mod idempotency;
+mod identity;
 mod products;
 mod purchase;
 mod relay;

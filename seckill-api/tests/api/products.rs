@@ -3,7 +3,7 @@
 use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::{Value, json};
 
-use seckill_testkit::identity_headers;
+use seckill_testkit::SendAs;
 
 use crate::helpers::{assert_error, spawn_app};
 
@@ -20,9 +20,8 @@ async fn creating_a_product_needs_the_admin_role() {
     let as_user = app
         .client
         .post(&url)
-        .headers(identity_headers(5, &[]))
         .json(&body)
-        .send()
+        .send_as("seckill-api", 5, &[])
         .await
         .expect("request");
     assert_error(as_user, 403, "forbidden").await;
@@ -58,9 +57,8 @@ async fn creating_a_product_rejects_bad_input_with_400() {
         let response = app
             .client
             .post(&url)
-            .headers(identity_headers(1, &["admin"]))
             .json(&case)
-            .send()
+            .send_as("seckill-api", 1, &["admin"])
             .await
             .expect("request");
         assert_error(response, 400, "invalid_request").await;
@@ -68,10 +66,9 @@ async fn creating_a_product_rejects_bad_input_with_400() {
     let not_json = app
         .client
         .post(&url)
-        .headers(identity_headers(1, &["admin"]))
         .header("content-type", "application/json")
         .body("{not json")
-        .send()
+        .send_as("seckill-api", 1, &["admin"])
         .await
         .expect("request");
     assert_error(not_json, 400, "invalid_request").await;
@@ -87,8 +84,7 @@ async fn a_created_product_is_readable_with_its_remaining_stock() {
     let response = app
         .client
         .get(format!("{}/api/products/{product}", app.address))
-        .headers(identity_headers(3, &[]))
-        .send()
+        .send_as("seckill-api", 3, &[])
         .await
         .expect("request");
     assert_eq!(response.status(), 200);
@@ -101,8 +97,7 @@ async fn a_created_product_is_readable_with_its_remaining_stock() {
     let missing = app
         .client
         .get(format!("{}/api/products/424242", app.address))
-        .headers(identity_headers(3, &[]))
-        .send()
+        .send_as("seckill-api", 3, &[])
         .await
         .expect("request");
     assert_error(missing, 404, "product_not_found").await;
@@ -142,10 +137,12 @@ async fn the_stock_report_accounts_for_every_unit() {
     let report = |app: &crate::helpers::TestApp| {
         let request = app
             .client
-            .get(format!("{}/admin/products/{product}/stock", app.address))
-            .headers(identity_headers(1, &["admin"]));
+            .get(format!("{}/admin/products/{product}/stock", app.address));
         async move {
-            let response = request.send().await.expect("request");
+            let response = request
+                .send_as("seckill-api", 1, &["admin"])
+                .await
+                .expect("request");
             assert_eq!(response.status(), 200);
             response.json::<Value>().await.expect("json")
         }
@@ -169,8 +166,7 @@ async fn the_stock_report_accounts_for_every_unit() {
     let as_user = app
         .client
         .get(format!("{}/admin/products/{product}/stock", app.address))
-        .headers(identity_headers(5, &[]))
-        .send()
+        .send_as("seckill-api", 5, &[])
         .await
         .expect("request");
     assert_error(as_user, 403, "forbidden").await;

@@ -9,7 +9,7 @@ use lapin::options::BasicGetOptions;
 use serde_json::Value;
 
 use seckill_messaging::OrderMessage;
-use seckill_testkit::eventually;
+use seckill_testkit::{SendAs, eventually};
 
 use crate::helpers::{assert_error, spawn_app};
 
@@ -241,8 +241,7 @@ async fn purchases_accepted_while_the_broker_is_unreachable_are_relayed_once_it_
     for user in 1..=3 {
         let response = client
             .post(format!("{address}/api/seckill/{product}"))
-            .headers(seckill_testkit::identity_headers(user, &[]))
-            .send()
+            .send_as("seckill-api", user, &[])
             .await
             .expect("purchase");
         assert_eq!(response.status(), 202);

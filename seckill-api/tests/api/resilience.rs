@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use seckill_testkit::{OwnBroker, TestNamespace, eventually, identity_headers};
+use seckill_testkit::{OwnBroker, SendAs, TestNamespace, eventually};
 
 use crate::helpers::{create_product_at, settings_for};
 
@@ -79,8 +79,7 @@ async fn buy(
     for user in users {
         let response = client
             .post(format!("{address}/api/seckill/{product}"))
-            .headers(identity_headers(user, &[]))
-            .send()
+            .send_as("seckill-api", user, &[])
             .await
             .expect("purchase");
         let status = response.status().as_u16();
