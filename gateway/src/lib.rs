@@ -27,6 +27,8 @@
 pub mod auth;
 pub mod client_ip;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http1;
 pub mod in_flight;
 pub mod ops;

@@ -163,22 +163,22 @@ pub async fn exchange<P: ConnectionPool>(
 }
 
 /// What a response's head says about its body and its connection.
-struct ResponseFraming {
+pub(crate) struct ResponseFraming {
     /// A `Transfer-Encoding` was sent; whether its last coding is `chunked`.
-    transfer_encoding: Option<bool>,
+    pub(crate) transfer_encoding: Option<bool>,
     /// A `Content-Length` was sent: its value, or `None` when malformed or conflicting.
-    content_length: Option<Option<u64>>,
+    pub(crate) content_length: Option<Option<u64>>,
     /// HTTP/1.1 without `Connection: close`.
-    keep_alive: bool,
+    pub(crate) keep_alive: bool,
 }
 
 /// The parts of a response's head the gateway keeps.
-struct ResponseHead {
-    status: u16,
+pub(crate) struct ResponseHead {
+    pub(crate) status: u16,
     /// Its end-to-end header lines.
-    lines: Vec<u8>,
-    framing: ResponseFraming,
-    bodiless: bool,
+    pub(crate) lines: Vec<u8>,
+    pub(crate) framing: ResponseFraming,
+    pub(crate) bodiless: bool,
 }
 
 /// Reads one whole response from `connection`; whether the connection may be used again.
@@ -257,7 +257,7 @@ async fn read_response(
 }
 
 /// The head at the start of `buffer`, with its length; `None` while incomplete.
-fn parse_response_head(
+pub(crate) fn parse_response_head(
     buffer: &[u8],
     head_only: bool,
 ) -> Result<Option<(usize, ResponseHead)>, ExchangeError> {

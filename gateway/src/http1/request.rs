@@ -12,9 +12,9 @@
 //! coding is not `chunked` (400), or with any coding besides `chunked` (501); a
 //! `Content-Length` that is not digits or whose values disagree (400); an HTTP/1.1 request
 //! without exactly one `Host` (400); an `Expect` other than `100-continue` (417); a target
-//! that is not a path, an absolute `http(s)` URL or `*` (400); a line ended by a bare LF
-//! instead of CRLF (400: `httparse` accepts one, a peer in front of the gateway may not
-//! see a line end there, RFC 9112 §2.2).
+//! that is not a path, an absolute `http(s)` URL or `*`, or that has a fragment (400); a
+//! line ended by a bare LF instead of CRLF (400: `httparse` accepts one, a peer in front of
+//! the gateway may not see a line end there, RFC 9112 §2.2).
 
 use std::mem::MaybeUninit;
 
@@ -315,6 +315,13 @@ pub fn has_bare_lf(bytes: &[u8]) -> bool {
 /// The path and query of a request target: origin form as it is, an absolute `http(s)`
 /// URL reduced to its path (`None` when it has none: `/`), `*` as it is.
 fn origin_form(target: &str) -> Result<Option<&str>, HeadError> {
+    // No fragment on the wire (RFC 9112 §3.2); `PathAndQuery` would drop it silently, and
+    // the gateway would forward another target than a proxy in front of it read.
+    if target.contains('#') {
+        return Err(HeadError::bad(
+            "the request target must not have a fragment",
+        ));
+    }
     if target.starts_with('/') || target == "*" {
         return Ok(Some(target));
     }
@@ -439,6 +446,7 @@ mod tests {
             ("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", bad),
             ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", bad),
             ("GET example.com HTTP/1.1\r\nHost: a\r\n\r\n", bad),
+            ("GET /a#/../admin HTTP/1.1\r\nHost: a\r\n\r\n", bad),
             (
                 "GET / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n",
                 StatusCode::EXPECTATION_FAILED,
