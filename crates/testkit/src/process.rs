@@ -134,3 +134,70 @@ pub async fn http_status(address: SocketAddr, path: &str) -> Option<u16> {
     // "HTTP/1.1 200"
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
+
+/// Asserts that the backend `binary` (its port set through `port_variable`) refuses to start
+/// while one of its secrets is on its public default, naming that one alone and the switch.
+pub async fn assert_each_public_secret_stops_backend(binary: &str, port_variable: &str) {
+    // One secret on its public default at a time, the other private: each is named alone.
+    for (public, private) in [
+        ("SECKILL_INTERNAL_KEY", "SECKILL_ORDER_SIGNING_KEY"),
+        ("SECKILL_ORDER_SIGNING_KEY", "SECKILL_INTERNAL_KEY"),
+    ] {
+        let ns = TestNamespace::new();
+        let output = run_to_exit(
+            backend_command(binary, port_variable, free_port(), &ns)
+                .env(private, "a-secret-of-the-operators-own"),
+            Duration::from_secs(30),
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "started on a public {public}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{public} is the public development default")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains(private), "{stderr}");
+        assert!(
+            stderr.contains("SECKILL_ALLOW_DEV_SECRETS=true"),
+            "{stderr}"
+        );
+    }
+}
+
+/// Asserts that the backend `binary`, started with the development switch and its default
+/// bind address, answers on loopback and not on this host's other address; and, as a
+/// control of the probe, that a copy bound as compose binds it (`0.0.0.0`) answers there.
+pub async fn assert_backend_listens_on_loopback_only(binary: &str, port_variable: &str) {
+    let ns = TestNamespace::new();
+    let port = free_port();
+    let mut child = backend_command(binary, port_variable, port, &ns)
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
+        .spawn()
+        .expect("start the backend");
+    wait_healthy(&mut child, SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await;
+
+    let Some(public_ip) = non_loopback_ipv4() else {
+        eprintln!("no non-loopback IPv4 address on this host: only loopback was checked");
+        return;
+    };
+    let public = SocketAddr::from((IpAddr::V4(public_ip), port));
+    assert_eq!(
+        http_status(public, "/healthz").await,
+        None,
+        "{binary} answered on {public}"
+    );
+
+    let open_port = free_port();
+    let mut open = backend_command(binary, port_variable, open_port, &ns)
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
+        .env("SECKILL_HOST", "0.0.0.0")
+        .spawn()
+        .expect("start the backend on every interface");
+    wait_healthy(&mut open, SocketAddr::from((public_ip, open_port))).await;
+    child.kill().await.expect("stop the backend");
+    open.kill().await.expect("stop the backend");
+    ns.cleanup().await;
+}
