@@ -15,6 +15,11 @@ pub struct Settings {
     pub backend: BackendSettings,
     /// Port to bind; 0 picks a free one (tests).
     pub port: u16,
+    /// Upgrade only (`SECKILL_ORDER_ACCEPT_UNSIGNED`): accept order messages that carry no
+    /// signature, so the purchases accepted before signing was deployed (in the queues, in
+    /// the parking lot) still become orders; a wrong signature is refused all the same.
+    /// Counted in `orders_unsigned_accepted_total`; turn it off once that stops growing.
+    pub accept_unsigned: bool,
     /// Unacknowledged deliveries the broker hands this replica at once; with `batch_size`
     /// it bounds the batches written concurrently (prefetch / batch_size).
     pub prefetch: u16,
@@ -146,6 +151,7 @@ impl Default for Settings {
         Self {
             backend: BackendSettings::default(),
             port: 8082,
+            accept_unsigned: false,
             prefetch: 256,
             db_pool_size: 16,
             redis_pool_size: 16,

@@ -80,7 +80,8 @@ impl Application {
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology: topology(&settings),
             signer: OrderSigner::new(settings.backend.order_signing_key.expose())
-                .accepting_previous(settings.backend.order_signing_key_previous.expose()),
+                .accepting_previous(settings.backend.order_signing_key_previous.expose())
+                .accepting_unsigned(settings.accept_unsigned),
             prefetch: settings.prefetch,
             batch_size: settings.batch_size,
             batch_linger: settings.batch_linger,

@@ -57,12 +57,16 @@ pub struct OrderSigner {
     current: Hmac<Sha256>,
     /// The key being retired, accepted but never used to sign.
     previous: Option<Hmac<Sha256>>,
+    /// During the first roll-out of signing only: a message with no signature at all (from a
+    /// seckill-api of before, or parked before) passes; a wrong one never does.
+    accept_unsigned: bool,
 }
 
 impl std::fmt::Debug for OrderSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrderSigner")
             .field("accepts_previous", &self.previous.is_some())
+            .field("accept_unsigned", &self.accept_unsigned)
             .finish_non_exhaustive()
     }
 }
@@ -73,12 +77,20 @@ impl OrderSigner {
         Self {
             current: keyed(key),
             previous: None,
+            accept_unsigned: false,
         }
     }
 
     /// Also accepts messages signed with `previous` (ignored when empty).
     pub fn accepting_previous(mut self, previous: &str) -> Self {
         self.previous = (!previous.is_empty()).then(|| keyed(previous));
+        self
+    }
+
+    /// Also accepts messages carrying no signature when `accept` (the upgrade to signed
+    /// messages: purchases accepted before it are in the queues and the parking lot unsigned).
+    pub fn accepting_unsigned(mut self, accept: bool) -> Self {
+        self.accept_unsigned = accept;
         self
     }
 
@@ -97,7 +109,13 @@ impl OrderSigner {
     /// Whether `signature` (the header's value, if any) was made for `body` by an accepted
     /// key. The comparison takes the same time wherever the tags differ.
     pub fn verify(&self, body: &[u8], signature: Option<&str>) -> Result<(), SignatureError> {
-        let signature = signature.ok_or(SignatureError::Unsigned)?;
+        let Some(signature) = signature else {
+            return if self.accept_unsigned {
+                Ok(())
+            } else {
+                Err(SignatureError::Unsigned)
+            };
+        };
         let tag = signature
             .strip_prefix(VERSION)
             .and_then(unhex)
@@ -178,6 +196,20 @@ mod tests {
         }
         let upper = format!("v1:{}", signature[3..].to_uppercase());
         assert_eq!(signer.verify(body, Some(&upper)), Ok(()));
+    }
+
+    #[test]
+    fn accepting_unsigned_lets_a_missing_signature_through_but_never_a_wrong_one() {
+        let body = br#"{"request_id":"a"}"#;
+        let upgrading = OrderSigner::new("key").accepting_unsigned(true);
+        assert_eq!(upgrading.verify(body, None), Ok(()));
+        let wrong = OrderSigner::new("other").sign(body);
+        assert_eq!(
+            upgrading.verify(body, Some(&wrong)),
+            Err(SignatureError::Forged)
+        );
+        let strict = OrderSigner::new("key").accepting_unsigned(false);
+        assert_eq!(strict.verify(body, None), Err(SignatureError::Unsigned));
     }
 
     #[test]

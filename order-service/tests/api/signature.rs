@@ -51,6 +51,30 @@ async fn an_unsigned_message_is_dead_lettered_as_unsigned_and_makes_no_order() {
 }
 
 #[tokio::test]
+async fn while_upgrading_an_unsigned_message_becomes_an_order_and_a_forged_one_is_still_parked() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| s.accept_unsigned = true).await;
+    let product = app.product(10).await;
+    // Published by a seckill-api from before signing.
+    let old = app.message(product, 1);
+    app.publish_signed_as(&old, None).await;
+    let mut forged = app.message(product, 2);
+    forged.price_cents = 0;
+    let wrong = OrderSigner::new("not-the-key").sign(&serde_json::to_vec(&forged).expect("json"));
+    app.publish_signed_as(&forged, Some(&wrong)).await;
+    let parked = app.wait_parked(1).await;
+    assert_eq!(parked[0].0, forged.request_id.to_string());
+    assert_eq!(parked[0].1, "bad_signature");
+    app.stop_when_drained().await;
+    assert_eq!(
+        app.order_count(product).await,
+        1,
+        "the unsigned purchase landed"
+    );
+    assert_eq!(app.stock_remaining(product).await, 9);
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_forged_message_is_dead_lettered_as_bad_signature_and_makes_no_order() {
     let mut app = spawn_app().await;
     let product = app.product(10).await;
