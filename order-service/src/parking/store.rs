@@ -6,14 +6,34 @@ use sqlx::PgPool;
 use super::entry::{Arrival, AuditEntry, Entry, Status};
 use super::selection::{MAX_SELECTION, ParkingError, Report, Selection};
 
+/// Dead-letter reasons of a message refused for its signature (`SignatureError::code`).
+const SIGNATURE_REFUSALS: [&str; 2] = ["unsigned", "bad_signature"];
+
 /// Records a dead letter (idempotent per event id) and returns the entry's status. An entry
 /// that was redriven and failed again is pending again, or quarantined once it has had
-/// `quarantine_after` redrives; an ignored or pending one stays as it is.
+/// `quarantine_after` redrives; an ignored or pending one stays as it is. A copy refused for
+/// its signature never replaces an entry that was not (only its last attempt is noted).
 pub async fn record(
     db: &PgPool,
     arrival: &Arrival,
     quarantine_after: i32,
 ) -> Result<String, sqlx::Error> {
+    if SIGNATURE_REFUSALS.contains(&arrival.error_code.as_str()) {
+        // Anyone who can publish could otherwise overwrite a parked purchase with a forgery
+        // under its request id, and the purchase's redrive would then be refused.
+        let kept: Option<String> = sqlx::query_scalar(
+            "UPDATE dead_letters SET last_attempt = now() \
+             WHERE event_id = $1 AND error_code <> ALL($2) AND signature IS NOT NULL \
+             RETURNING status",
+        )
+        .bind(&arrival.event_id)
+        .bind(SIGNATURE_REFUSALS.to_vec())
+        .fetch_optional(db)
+        .await?;
+        if let Some(status) = kept {
+            return Ok(status);
+        }
+    }
     sqlx::query_scalar(
         "INSERT INTO dead_letters \
              (event_id, user_id, product_id, body, error_code, last_error, attempts, signature) \

@@ -184,3 +184,64 @@ async fn a_redrive_keeps_the_signature_a_dead_letter_arrived_with() {
     assert_eq!(app.order_count(missing).await, 1);
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_forgery_under_a_parked_purchases_request_id_does_not_replace_it() {
+    let mut app = spawn_app().await;
+    // A genuine purchase of a product the database does not know yet: parked, signed.
+    let missing = 777_202;
+    let genuine = app.message(missing, 1);
+    app.publish(&genuine).await;
+    let parked = app.wait_parked(1).await;
+    let id = genuine.request_id.to_string();
+    let last_attempt = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT last_attempt FROM dead_letters WHERE event_id = $1",
+        )
+        .bind(&id)
+        .fetch_one(&app.db)
+        .await
+        .expect("last attempt")
+    };
+    let first = last_attempt().await;
+    // The same request id, rewritten for someone else, unsigned: refused and recorded.
+    let mut forged = genuine.clone();
+    forged.user_id = 2;
+    app.publish_signed_as(&forged, None).await;
+    let wait = std::time::Duration::from_secs(20);
+    eventually("the forgery recorded", wait, || async {
+        (last_attempt().await > first).then_some(())
+    })
+    .await;
+    let now = app.parked().await;
+    assert_eq!(now.len(), 1);
+    assert_eq!(now[0].1, parked[0].1, "the genuine reason is kept");
+
+    // The genuine purchase is still what a redrive sends, and it becomes user 1's order.
+    let at = chrono::Utc::now();
+    sqlx::query(
+        "INSERT INTO products (id, name, price_cents, stock_total, stock_remaining, start_at, end_at) \
+         VALUES ($1, 'late', 500, 5, 5, $2, $3)",
+    )
+    .bind(missing)
+    .bind(at - chrono::Duration::minutes(1))
+    .bind(at + chrono::Duration::hours(1))
+    .execute(&app.db)
+    .await
+    .expect("insert product");
+    let redriven = reqwest::Client::new()
+        .post(format!("{}/admin/dlq/redrive", app.address))
+        .json(&json!({ "product_id": missing }))
+        .send_as("order-service", 900, &["admin"])
+        .await
+        .expect("redrive");
+    assert!(redriven.status().is_success());
+    app.stop_when_drained().await;
+    let buyers: Vec<i64> = sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = $1")
+        .bind(missing)
+        .fetch_all(&app.db)
+        .await
+        .expect("buyers");
+    assert_eq!(buyers, vec![1]);
+    app.shutdown().await;
+}
