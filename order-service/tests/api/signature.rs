@@ -30,6 +30,28 @@ async fn counted_dead_letter(app: &TestApp, reason: &str) -> bool {
         .any(|l| l.starts_with(&series) && !l.ends_with(" 0"))
 }
 
+/// Puts `product` on sale (it was unknown, so its purchases were parked) and redrives its
+/// dead letters as an admin.
+async fn redrive_once_on_sale(app: &TestApp, product: i64) -> reqwest::Response {
+    let now = chrono::Utc::now();
+    sqlx::query(
+        "INSERT INTO products (id, name, price_cents, stock_total, stock_remaining, start_at, end_at) \
+         VALUES ($1, 'late', 500, 5, 5, $2, $3)",
+    )
+    .bind(product)
+    .bind(now - chrono::Duration::minutes(1))
+    .bind(now + chrono::Duration::hours(1))
+    .execute(&app.db)
+    .await
+    .expect("insert product");
+    reqwest::Client::new()
+        .post(format!("{}/admin/dlq/redrive", app.address))
+        .json(&json!({ "product_id": product }))
+        .send_as("order-service", 900, &["admin"])
+        .await
+        .expect("redrive")
+}
+
 #[tokio::test]
 async fn an_unsigned_message_is_dead_lettered_as_unsigned_and_makes_no_order() {
     let mut app = spawn_app().await;
@@ -148,24 +170,8 @@ async fn a_redrive_keeps_the_signature_a_dead_letter_arrived_with() {
     let unsigned = app.message(missing, 2);
     app.publish_signed_as(&unsigned, None).await;
     app.wait_parked(2).await;
-    let now = chrono::Utc::now();
-    sqlx::query(
-        "INSERT INTO products (id, name, price_cents, stock_total, stock_remaining, start_at, end_at) \
-         VALUES ($1, 'late', 500, 5, 5, $2, $3)",
-    )
-    .bind(missing)
-    .bind(now - chrono::Duration::minutes(1))
-    .bind(now + chrono::Duration::hours(1))
-    .execute(&app.db)
-    .await
-    .expect("insert product");
-
-    let redriven: Value = reqwest::Client::new()
-        .post(format!("{}/admin/dlq/redrive", app.address))
-        .json(&json!({ "product_id": missing }))
-        .send_as("order-service", 900, &["admin"])
+    let redriven: Value = redrive_once_on_sale(&app, missing)
         .await
-        .expect("redrive")
         .json()
         .await
         .expect("json");
@@ -218,23 +224,7 @@ async fn a_forgery_under_a_parked_purchases_request_id_does_not_replace_it() {
     assert_eq!(now[0].1, parked[0].1, "the genuine reason is kept");
 
     // The genuine purchase is still what a redrive sends, and it becomes user 1's order.
-    let at = chrono::Utc::now();
-    sqlx::query(
-        "INSERT INTO products (id, name, price_cents, stock_total, stock_remaining, start_at, end_at) \
-         VALUES ($1, 'late', 500, 5, 5, $2, $3)",
-    )
-    .bind(missing)
-    .bind(at - chrono::Duration::minutes(1))
-    .bind(at + chrono::Duration::hours(1))
-    .execute(&app.db)
-    .await
-    .expect("insert product");
-    let redriven = reqwest::Client::new()
-        .post(format!("{}/admin/dlq/redrive", app.address))
-        .json(&json!({ "product_id": missing }))
-        .send_as("order-service", 900, &["admin"])
-        .await
-        .expect("redrive");
+    let redriven = redrive_once_on_sale(&app, missing).await;
     assert!(redriven.status().is_success());
     app.stop_when_drained().await;
     let buyers: Vec<i64> = sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = $1")
