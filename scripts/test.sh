@@ -18,6 +18,9 @@ set -euo pipefail
 
 require_cargo
 "$SCRIPTS/infra.sh"
+# The real client tools some tests drive (wrk, k6, promtool, schemathesis).
+"$SCRIPTS/tools.sh"
+PATH="$PATH:$HOME/.local/bin"
 modes=${SECKILL_TEST_REDIS_MODES:-single cluster}
 log=
 # A cluster this run started (or had to rebuild) is stopped at the end; a healthy one stays.

