@@ -280,3 +280,338 @@ fn scalable_services_publish_no_host_port_and_have_no_container_name() {
         );
     }
 }
+
+/// The observability services beside the platform.
+const OBSERVABILITY: [&str; 3] = ["prometheus", "grafana", "jaeger"];
+
+/// A file of the repository, by its path from the root.
+fn repo_file(path: &str) -> String {
+    let full = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("read {full}: {e}"))
+}
+
+/// A YAML file of the repository, parsed.
+fn repo_yaml(path: &str) -> Value {
+    serde_norway::from_str(&repo_file(path)).unwrap_or_else(|e| panic!("parse {path}: {e}"))
+}
+
+/// The healthcheck's command of `name`, as one string.
+fn healthcheck_command(doc: &Value, name: &str) -> String {
+    match service(doc, name)
+        .get("healthcheck")
+        .and_then(|c| c.get("test"))
+    {
+        Some(Value::Sequence(argv)) => argv
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" "),
+        Some(Value::String(command)) => command.clone(),
+        other => panic!("`{name}` has no healthcheck command: {other:?}"),
+    }
+}
+
+/// `host:container` mounts of a service, as written (`./deploy/...` on the host side).
+fn mounts(doc: &Value, name: &str) -> BTreeMap<String, String> {
+    let volumes = service(doc, name)
+        .get("volumes")
+        .and_then(Value::as_sequence);
+    volumes
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|mount| {
+            let mut parts = mount.split(':');
+            Some((parts.next()?.to_string(), parts.next()?.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn observability_services_have_a_healthcheck_with_a_tool_their_image_ships() {
+    let doc = compose();
+    // Each image's own tools: prom/prometheus is busybox (wget, no curl); grafana/grafana
+    // ships curl; jaegertracing/jaeger (v2) is Alpine (busybox wget) and answers its
+    // healthcheckv2 extension on 13133.
+    let expected = [
+        (
+            "prometheus",
+            "prom/prometheus:",
+            "wget -q -O /dev/null http://127.0.0.1:9090/-/ready",
+        ),
+        (
+            "grafana",
+            "grafana/grafana:",
+            "curl -fsS -o /dev/null http://127.0.0.1:3000/api/health",
+        ),
+        (
+            "jaeger",
+            "jaegertracing/jaeger:2.",
+            "wget -q -O /dev/null http://127.0.0.1:13133/status",
+        ),
+    ];
+    for (name, image, probe) in expected {
+        let svc = service(&doc, name);
+        let actual = svc.get("image").and_then(Value::as_str).unwrap_or_default();
+        assert!(
+            actual.starts_with(image),
+            "`{name}` runs {actual:?}, not {image}…"
+        );
+        assert_eq!(
+            healthcheck_command(&doc, name),
+            format!("CMD {probe}"),
+            "{name}"
+        );
+    }
+    assert_eq!(OBSERVABILITY.len(), expected.len());
+}
+
+#[test]
+fn our_services_export_traces_to_jaeger_over_otlp_http() {
+    let doc = compose();
+    service(&doc, "jaeger");
+    for (name, _) in OURS {
+        let env = environment(service(&doc, name));
+        assert_eq!(
+            env.get("OTEL_EXPORTER_OTLP_ENDPOINT").map(String::as_str),
+            Some("http://jaeger:4318"),
+            "{name}"
+        );
+        assert_eq!(
+            env.get("OTEL_EXPORTER_OTLP_PROTOCOL").map(String::as_str),
+            Some("http/protobuf"),
+            "{name}"
+        );
+    }
+}
+
+/// The port each of our services serves `/metrics` on inside the container network.
+fn metrics_port(doc: &Value, name: &str) -> u16 {
+    let env = environment(service(doc, name));
+    let (variable, default) = match name {
+        "gateway" => {
+            // The operator listener must listen beyond the container's loopback.
+            assert_eq!(
+                env.get("SECKILL_GATEWAY_ADMIN_HOST").map(String::as_str),
+                Some("0.0.0.0"),
+                "Prometheus cannot reach the gateway's operator listener"
+            );
+            (
+                "SECKILL_GATEWAY_ADMIN_PORT",
+                gateway::Settings::default().admin_port,
+            )
+        }
+        "seckill-api" => ("SECKILL_API_PORT", seckill_api::Settings::default().port),
+        "order-service" => (
+            "SECKILL_ORDER_PORT",
+            order_service::Settings::default().port,
+        ),
+        other => panic!("no metrics port known for `{other}`"),
+    };
+    env.get(variable)
+        .map_or(default, |port| port.parse().expect("a port number"))
+}
+
+#[test]
+fn prometheus_scrapes_every_replica_through_dns_service_discovery() {
+    let doc = compose();
+    let config = repo_yaml("deploy/prometheus/prometheus.yml");
+    let jobs = config
+        .get("scrape_configs")
+        .and_then(Value::as_sequence)
+        .expect("prometheus.yml has scrape_configs");
+    for (name, _) in OURS {
+        let job = jobs
+            .iter()
+            .find(|job| job.get("job_name").and_then(Value::as_str) == Some(name))
+            .unwrap_or_else(|| panic!("no scrape job `{name}`"));
+        // A static target would be one replica: the name must be resolved again and again.
+        assert!(
+            job.get("static_configs").is_none(),
+            "`{name}`: static_configs"
+        );
+        let sd = job
+            .get("dns_sd_configs")
+            .and_then(Value::as_sequence)
+            .unwrap_or_else(|| panic!("`{name}` has no dns_sd_configs"));
+        assert_eq!(sd.len(), 1, "{name}");
+        let names: Vec<&str> = sd[0]
+            .get("names")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(names, [name], "`{name}` resolves another name");
+        assert_eq!(
+            sd[0].get("type").and_then(Value::as_str),
+            Some("A"),
+            "{name}"
+        );
+        let port = sd[0].get("port").and_then(Value::as_u64);
+        assert_eq!(port, Some(u64::from(metrics_port(&doc, name))), "{name}");
+        // /metrics is the default path; anything else would miss it.
+        assert!(job.get("metrics_path").is_none_or(|p| p == "/metrics"));
+    }
+}
+
+#[test]
+fn prometheus_mounts_its_config_and_the_alert_rules_it_names() {
+    let doc = compose();
+    let config = repo_yaml("deploy/prometheus/prometheus.yml");
+    let rules: Vec<&str> = config
+        .get("rule_files")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(rules, ["/etc/prometheus/alerts.yml"]);
+    let mounted = mounts(&doc, "prometheus");
+    assert_eq!(
+        mounted
+            .get("./deploy/prometheus/prometheus.yml")
+            .map(String::as_str),
+        Some("/etc/prometheus/prometheus.yml")
+    );
+    assert_eq!(
+        mounted
+            .get("./deploy/prometheus/alerts.yml")
+            .map(String::as_str),
+        Some(rules[0])
+    );
+}
+
+#[test]
+fn grafana_is_provisioned_with_prometheus_and_the_dashboards_directory() {
+    let doc = compose();
+    let mounted = mounts(&doc, "grafana");
+    assert_eq!(
+        mounted
+            .get("./deploy/grafana/provisioning")
+            .map(String::as_str),
+        Some("/etc/grafana/provisioning")
+    );
+    let dashboards_dir = mounted
+        .get("./deploy/grafana/dashboards")
+        .expect("deploy/grafana/dashboards is mounted");
+
+    let sources = repo_yaml("deploy/grafana/provisioning/datasources/prometheus.yml");
+    let sources = sources
+        .get("datasources")
+        .and_then(Value::as_sequence)
+        .expect("datasources");
+    let prometheus = sources
+        .iter()
+        .find(|s| s.get("uid").and_then(Value::as_str) == Some("prometheus"))
+        .expect("a datasource with uid `prometheus`");
+    assert_eq!(prometheus["type"], "prometheus");
+    // Grafana's server side reaches Prometheus by its service name and container port.
+    assert_eq!(prometheus["url"], "http://prometheus:9090");
+    service(&doc, "prometheus");
+
+    let providers = repo_yaml("deploy/grafana/provisioning/dashboards/seckill.yml");
+    let providers = providers
+        .get("providers")
+        .and_then(Value::as_sequence)
+        .expect("providers");
+    assert!(
+        providers.iter().any(|p| p["type"] == "file"
+            && p["options"]["path"].as_str() == Some(dashboards_dir.as_str())),
+        "no file provider loads {dashboards_dir}"
+    );
+    assert_eq!(
+        environment(service(&doc, "grafana"))
+            .get("GF_SECURITY_ADMIN_PASSWORD")
+            .map(String::as_str),
+        Some("${GRAFANA_ADMIN_PASSWORD:?run scripts/compose-env.sh to write .env}")
+    );
+}
+
+#[test]
+fn promtool_accepts_the_prometheus_config() {
+    // promtool checks that every rule file exists: check a copy next to the real rules
+    // (deploy/prometheus/alerts.yml) or, before they exist, a stub.
+    let dir = std::env::temp_dir().join(format!("seckill-promtool-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = repo_file("deploy/prometheus/prometheus.yml");
+    assert!(config.contains("/etc/prometheus/alerts.yml"));
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        config.replace("/etc/prometheus/alerts.yml", "alerts.yml"),
+    )
+    .expect("write config");
+    let rules = format!(
+        "{}/../deploy/prometheus/alerts.yml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let rules = std::fs::read_to_string(&rules)
+        .unwrap_or_else(|_| "groups:\n  - name: stub\n    rules: []\n".into());
+    std::fs::write(dir.join("alerts.yml"), rules).expect("write rules");
+    let output = std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(dir.join("prometheus.yml"))
+        .output()
+        .expect("run promtool (Debian's `prometheus` package; scripts/tools.sh installs it)");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        output.status.success(),
+        "promtool check config:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn a_compose_tool_accepts_the_file_and_refuses_it_without_secrets() {
+    // scripts/check-compose.sh runs `docker compose config` (or docker-compose v1, which
+    // scripts/tools.sh installs; neither needs a Docker engine for this) with the variables
+    // scripts/compose-env.sh writes, and again without them, which must fail.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/check-compose.sh");
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run scripts/check-compose.sh");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "check-compose.sh failed:\n{said}");
+    assert!(
+        said.contains("docker compose config)") || said.contains("docker-compose config)"),
+        "no compose tool validated the file (run scripts/tools.sh):\n{said}"
+    );
+}
+
+#[test]
+fn the_image_builds_without_a_registry_frontend_and_without_debug_info() {
+    let dockerfile = repo_file("Dockerfile");
+    assert!(
+        !dockerfile
+            .lines()
+            .any(|l| l.trim_start().to_ascii_lowercase().starts_with("# syntax")),
+        "a `# syntax=` line makes every build pull a frontend from a registry"
+    );
+    assert!(
+        dockerfile.contains("--mount=type=cache"),
+        "the cache mounts are gone"
+    );
+    assert!(
+        dockerfile.contains("strip --strip-debug /out/*"),
+        "the runtime image's binaries keep their debug info"
+    );
+    for binary in [
+        "gateway",
+        "seckill-api",
+        "order-service",
+        "seckill-loadtest",
+        "seckill-token",
+    ] {
+        assert!(
+            dockerfile.contains(&format!("target/release/{binary} ")),
+            "{binary}"
+        );
+    }
+    let ignored = repo_file(".dockerignore");
+    assert!(
+        ignored.lines().any(|l| l.trim() == ".env"),
+        "the secrets in .env would enter the build context"
+    );
+}

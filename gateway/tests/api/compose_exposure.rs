@@ -10,7 +10,7 @@ use crate::compose::{OURS, compose, compose_text, environment, service, services
 const PUBLIC: &str = "gateway";
 
 /// Where each credential is set: (service, variable). Each must come from the environment.
-const CREDENTIALS: [(&str, &str); 9] = [
+const CREDENTIALS: [(&str, &str); 10] = [
     ("postgres", "POSTGRES_PASSWORD"),
     ("rabbitmq", "RABBITMQ_DEFAULT_USER"),
     ("rabbitmq", "RABBITMQ_DEFAULT_PASS"),
@@ -20,6 +20,19 @@ const CREDENTIALS: [(&str, &str); 9] = [
     ("order-service", "SECKILL_INTERNAL_KEY"),
     ("seckill-api", "SECKILL_ORDER_SIGNING_KEY"),
     ("order-service", "SECKILL_ORDER_SIGNING_KEY"),
+    ("grafana", "GF_SECURITY_ADMIN_PASSWORD"),
+];
+
+/// Every port the stack publishes on the host: (service, host port, container port). The
+/// gateway's on every interface, each other on the host's loopback only.
+const PUBLISHED: [(&str, u16, u16); 7] = [
+    ("gateway", 8080, 8080),
+    ("rabbitmq", 15672, 15672),
+    ("postgres", 15432, 5432),
+    ("redis", 16379, 6379),
+    ("prometheus", 9090, 9090),
+    ("grafana", 3000, 3000),
+    ("jaeger", 16686, 16686),
 ];
 
 /// Store URLs of the backends: each carries a password, from the environment.
@@ -41,6 +54,29 @@ fn host_ip(port: &Value) -> Option<String> {
         Value::String(short) => {
             let parts: Vec<&str> = short.split(':').collect();
             (parts.len() == 3).then(|| parts[0].to_string())
+        }
+        _ => None,
+    }
+}
+
+/// (host port, container port) of a published port, from either form compose accepts.
+fn host_and_container_port(port: &Value) -> Option<(u16, u16)> {
+    let number = |v: &Value| match v {
+        Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    match port {
+        Value::Mapping(long) => Some((
+            number(long.get("published")?)?,
+            number(long.get("target")?)?,
+        )),
+        Value::String(short) => {
+            let parts: Vec<&str> = short.split(':').collect();
+            let [host, container] = &parts[parts.len().checked_sub(2)?..] else {
+                return None;
+            };
+            Some((host.parse().ok()?, container.parse().ok()?))
         }
         _ => None,
     }
@@ -179,4 +215,60 @@ fn no_guest_account_or_public_secret_appears_anywhere_in_the_file() {
         optional.is_empty(),
         "secrets compose would start without: {optional:?}"
     );
+}
+
+#[test]
+fn the_published_ports_are_exactly_the_known_ones() {
+    let doc = compose();
+    let mut published = Vec::new();
+    for (name, svc) in services(&doc) {
+        let name = name.as_str().unwrap_or_default();
+        let ports = svc.get("ports").and_then(Value::as_sequence);
+        for port in ports.into_iter().flatten() {
+            let (host, container) = host_and_container_port(port)
+                .unwrap_or_else(|| panic!("{name}: cannot read the published port {port:?}"));
+            let loopback = host_ip(port).as_deref() == Some("127.0.0.1");
+            published.push((name.to_string(), host, container, loopback));
+        }
+    }
+    published.sort();
+    let mut expected: Vec<(String, u16, u16, bool)> = PUBLISHED
+        .iter()
+        .map(|(name, host, container)| (name.to_string(), *host, *container, *name != PUBLIC))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        published, expected,
+        "published (service, host port, container port, loopback only)"
+    );
+}
+
+#[test]
+fn grafana_prometheus_and_jaeger_are_published_on_loopback_only() {
+    let doc = compose();
+    for (name, ui) in [("grafana", 3000), ("prometheus", 9090), ("jaeger", 16686)] {
+        let ports = service(&doc, name)
+            .get("ports")
+            .and_then(Value::as_sequence)
+            .unwrap_or_else(|| panic!("`{name}` publishes no port: its UI is unreachable"));
+        assert_eq!(
+            ports.len(),
+            1,
+            "`{name}` publishes more than its UI: {ports:?}"
+        );
+        assert_eq!(host_ip(&ports[0]).as_deref(), Some("127.0.0.1"), "{name}");
+        assert_eq!(host_and_container_port(&ports[0]), Some((ui, ui)), "{name}");
+    }
+    // Jaeger's OTLP receivers and the gateway's operator port stay on the container network.
+    for (name, port) in [("jaeger", 4317), ("jaeger", 4318), ("gateway", 9080)] {
+        let ports = service(&doc, name)
+            .get("ports")
+            .and_then(Value::as_sequence);
+        let published = ports
+            .into_iter()
+            .flatten()
+            .filter_map(host_and_container_port)
+            .any(|(_, container)| container == port);
+        assert!(!published, "`{name}` publishes {port}");
+    }
 }
