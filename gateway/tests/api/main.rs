@@ -19,6 +19,7 @@ mod operator;
 mod overload;
 mod ratelimit;
 mod raw;
+mod runbook;
 mod security;
 mod shared_ratelimit;
 mod startup;
