@@ -99,11 +99,13 @@ impl Application {
         // Only now: a build that failed leaves no task behind.
         housekeeping.spawn_housekeeping(cancel.clone());
         for upstreams in [&pipeline.proxy.seckill_api, &pipeline.proxy.order_service] {
-            upstreams.spawn_resolver(
-                resolver.clone(),
-                settings.upstream_resolve_interval,
-                cancel.clone(),
-            );
+            upstreams
+                .start_resolver(
+                    resolver.clone(),
+                    settings.upstream_resolve_interval,
+                    cancel.clone(),
+                )
+                .await;
         }
         Ok(Self {
             listener,

@@ -244,7 +244,7 @@ impl Upstreams {
     /// Replicas of service `name` at `bases`, connected to as `pool` says; a replica that
     /// refuses a connection is skipped for `eject_for` (zero: never skipped). Host names
     /// are resolved by [`Upstreams::refresh`], which the task of
-    /// [`Upstreams::spawn_resolver`] runs.
+    /// [`Upstreams::start_resolver`] runs.
     pub fn new(
         name: &'static str,
         bases: Vec<String>,
@@ -448,9 +448,10 @@ impl Upstreams {
         changed
     }
 
-    /// Re-resolves the host names every `interval` and soon after a connect failure, until
-    /// `cancel`; nothing to do (no task) without names or with a zero interval.
-    pub fn spawn_resolver(
+    /// Resolves the host names once (the service starts on their addresses, when found),
+    /// then again every `interval` and soon after a connect failure, until `cancel`; does
+    /// nothing without names or with a zero interval.
+    pub async fn start_resolver(
         self: &Arc<Self>,
         resolver: Arc<dyn Resolve>,
         interval: Duration,
@@ -459,10 +460,10 @@ impl Upstreams {
         if !self.named || interval.is_zero() {
             return;
         }
+        self.refresh(&*resolver).await;
         let upstreams = self.clone();
         tokio::spawn(async move {
             loop {
-                upstreams.refresh(&*resolver).await;
                 let earliest = tokio::time::Instant::now() + MIN_RESOLVE_GAP;
                 tokio::select! {
                     () = cancel.cancelled() => return,
@@ -473,6 +474,7 @@ impl Upstreams {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep_until(earliest) => {}
                 }
+                upstreams.refresh(&*resolver).await;
             }
         });
     }
