@@ -1,6 +1,8 @@
 //! Gateway settings: `SECKILL_*` shared with the other services, `SECKILL_GATEWAY_*` its own.
 
+use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -13,6 +15,7 @@ use seckill_config::{
 use crate::client_ip::TrustedProxies;
 use crate::http1::MAX_HEADERS_CAP;
 use crate::proxy::Service;
+use crate::proxy::resolve::{DnsServer, Resolve, SystemResolver};
 
 /// Where the rate limits' buckets live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -98,6 +101,18 @@ pub struct Settings {
         with = "seckill_config::formats::millis"
     )]
     pub upstream_idle_timeout: Duration,
+    /// How often each upstream host name is resolved again (`upstream_resolve_interval_ms`;
+    /// also soon after a connect failure): every address is a replica of its own, and a
+    /// new one gets traffic at most this long after it appears in DNS. 0: names are not
+    /// re-resolved, only looked up by the system resolver when a connection is opened.
+    #[serde(
+        rename = "upstream_resolve_interval_ms",
+        with = "seckill_config::formats::millis"
+    )]
+    pub upstream_resolve_interval: Duration,
+    /// A DNS server (`ip:port`) asked for the upstream names' A records; empty: the system
+    /// resolver (`/etc/hosts`, Docker's embedded DNS, IPv4 and IPv6).
+    pub dns_server: String,
     /// Requests in flight at once; beyond it the gateway sheds load with a fast 503.
     pub max_in_flight: usize,
     /// Whole-request deadline (`request_timeout_ms`; 504 beyond it).
@@ -222,6 +237,10 @@ impl Default for Settings {
             upstream_connect_timeout: Duration::from_secs(2),
             upstream_idle_timeout: Duration::from_secs(60),
             upstream_request_timeout: Duration::from_secs(8),
+            // A replica added or restarted gets traffic within 2 s; a lookup per name every
+            // 2 s is nothing to Docker's embedded DNS or a local resolver.
+            upstream_resolve_interval: Duration::from_secs(2),
+            dns_server: String::new(),
             max_in_flight: 4096,
             request_timeout: Duration::from_secs(10),
             max_body_bytes: 64 * 1024,
@@ -291,6 +310,18 @@ impl Settings {
         own.as_ref().unwrap_or(&self.internal_key)
     }
 
+    /// What resolves the upstream host names: `dns_server`, else the system resolver.
+    pub fn resolver(&self) -> Result<Arc<dyn Resolve>, String> {
+        let server = self.dns_server.trim();
+        if server.is_empty() {
+            return Ok(Arc::new(SystemResolver));
+        }
+        let server: SocketAddr = server
+            .parse()
+            .map_err(|_| format!("dns_server {server:?} must be an ip:port address"))?;
+        Ok(Arc::new(DnsServer::new(server, Duration::from_secs(1))))
+    }
+
     fn validate_jwt(&self) -> Result<(), String> {
         if self.jwt_algorithm == JwtAlgorithm::HS256 {
             if self.jwt_secret.expose().len() < 16 {
@@ -347,6 +378,7 @@ impl Validate for Settings {
             );
         }
         self.trusted_proxy_list()?;
+        self.resolver()?;
         // Buckets count time in microseconds: a faster rate would be a zero interval.
         if self.rate_purchase_per_sec > MAX_RATE_PER_SEC
             || self.rate_default_per_sec > MAX_RATE_PER_SEC

@@ -43,6 +43,8 @@ impl Application {
         };
         let trusted_proxies = Arc::new(settings.trusted_proxy_list().map_err(anyhow::Error::msg)?);
         let eject_for = settings.upstream_eject;
+        let resolve_names = !settings.upstream_resolve_interval.is_zero();
+        let resolver = settings.resolver().map_err(anyhow::Error::msg)?;
         let state = ProxyState {
             seckill_api_signer: IdentitySigner::new(
                 settings.service_key(Service::SeckillApi).expose(),
@@ -52,17 +54,19 @@ impl Application {
                 settings.service_key(Service::OrderService).expose(),
                 Service::OrderService.name(),
             ),
-            seckill_api: Arc::new(Upstreams::new(
+            seckill_api: Arc::new(Upstreams::with_names(
                 "seckill-api",
                 settings.seckill_api_urls.clone(),
                 eject_for,
                 pool,
+                resolve_names,
             )),
-            order_service: Arc::new(Upstreams::new(
+            order_service: Arc::new(Upstreams::with_names(
                 "order-service",
                 settings.order_service_urls.clone(),
                 eject_for,
                 pool,
+                resolve_names,
             )),
             upstream_timeout: settings.upstream_request_timeout,
             trusted_proxies: trusted_proxies.clone(),
@@ -94,6 +98,15 @@ impl Application {
         let admin_addr = admin.local_addr()?;
         // Only now: a build that failed leaves no task behind.
         housekeeping.spawn_housekeeping(cancel.clone());
+        for upstreams in [&pipeline.proxy.seckill_api, &pipeline.proxy.order_service] {
+            upstreams
+                .start_resolver(
+                    resolver.clone(),
+                    settings.upstream_resolve_interval,
+                    cancel.clone(),
+                )
+                .await;
+        }
         Ok(Self {
             listener,
             port,
@@ -174,7 +187,8 @@ fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
         Arc::new(move || {
             let upstreams = upstreams.clone();
             Box::pin(async move {
-                let pool = upstreams.first().pool();
+                let replica = upstreams.first();
+                let pool = replica.pool();
                 let request = format!("GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", pool.host());
                 let response = pool
                     .exchange(Outgoing::new(request.as_bytes()))

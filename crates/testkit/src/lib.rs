@@ -11,6 +11,7 @@
 
 pub mod broker;
 pub mod broker_cluster;
+pub mod dns;
 pub mod latency_proxy;
 pub mod own_postgres;
 pub mod own_redis;

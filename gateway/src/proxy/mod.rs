@@ -1,7 +1,8 @@
 //! The reverse proxy: which service owns a path, which replica gets the request, and the
 //! forwarding itself.
 //!
-//! Layout: [`upstream`] — replicas, round-robin, passive ejection; [`pool`] — each
+//! Layout: [`upstream`] — replicas (one per address a host name resolves to, re-resolved
+//! by [`resolve`]), round-robin, passive ejection; [`pool`] — each
 //! replica's keep-alive connections, checked out by the request that holds one (the
 //! exchange itself is [`crate::http1::client`]'s); [`headers`] —
 //! what the gateway adds to and removes from forwarded headers (`X-Forwarded-*`,
@@ -9,6 +10,7 @@
 
 pub mod headers;
 pub mod pool;
+pub mod resolve;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -156,7 +158,8 @@ pub async fn forward(
         signer: state.signer(service),
     };
     let upstreams = state.upstreams(service);
-    for replica in upstreams.rotation() {
+    let mut rotation = upstreams.rotation();
+    while let Some(replica) = rotation.next_replica() {
         let base = replica.base();
         let pool = replica.pool();
         let wire = forward.encode(pool.host().as_bytes());
@@ -178,6 +181,7 @@ pub async fn forward(
                 tracing::warn!(upstream = base, error = %reason, "upstream refused connection");
                 upstream_error(upstreams, "connect");
                 upstreams.eject(replica);
+                upstreams.resolve_soon();
                 continue;
             }
             Ok(Err(ExchangeError::TooLarge(limit))) => {

@@ -83,6 +83,17 @@ impl Pool {
         }
     }
 
+    /// Connections to `address` (an `ip:port` the replica's name resolved to), whose
+    /// requests carry `host` (the replica's authority as configured).
+    pub fn at(address: std::net::SocketAddr, host: &Authority, settings: PoolSettings) -> Self {
+        Self {
+            address: address.to_string(),
+            host: host.as_str().to_owned(),
+            settings,
+            idle: ThreadLocal::new(),
+        }
+    }
+
     /// The `host:port` connected to.
     pub fn address(&self) -> &str {
         &self.address

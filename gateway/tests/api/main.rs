@@ -25,4 +25,5 @@ mod shared_ratelimit;
 mod startup;
 mod strict;
 mod tokens;
+mod upstream_dns;
 mod upstreams;
