@@ -173,6 +173,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         redis_remaining: observed.redis_remaining,
         // A 202 without a readable request id cannot be traced to an order: count it missing.
         missing_orders: observed.missing_orders + outcome.unreadable_accepts as i64,
+        indefinite: check::indefinite_answers(&outcome.status_counts) as i64,
     };
     let failures = facts.failures();
     let report = Report::new(&outcome, &facts);

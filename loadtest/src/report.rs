@@ -20,6 +20,9 @@ pub struct Report {
     pub status_counts: BTreeMap<String, u64>,
     /// 202 answers.
     pub accepted: u64,
+    /// Answers that leave open whether the purchase bought: 5xx and transport errors
+    /// ([`crate::check::indefinite_answers`]).
+    pub indefinite_answers: u64,
     /// Live orders of the product.
     pub orders_in_db: i64,
     /// Distinct buyers among them.
@@ -73,6 +76,7 @@ impl Report {
             requests: burst.requests,
             status_counts: burst.status_counts.clone(),
             accepted: burst.accepted,
+            indefinite_answers: u64::try_from(facts.indefinite).unwrap_or(0),
             orders_in_db: facts.orders_in_db,
             distinct_buyers: facts.distinct_buyers,
             stock_total: facts.stock_total,
@@ -104,6 +108,7 @@ impl Report {
             "requests                 {}\n\
              status codes             {}\n\
              accepted (202)           {}\n\
+             indefinite (5xx, error)  {}\n\
              orders in DB             {}\n\
              distinct buyers          {}\n\
              stock total              {}\n\
@@ -117,6 +122,7 @@ impl Report {
             self.requests,
             statuses.join(" "),
             self.accepted,
+            self.indefinite_answers,
             self.orders_in_db,
             self.distinct_buyers,
             self.stock_total,
@@ -154,6 +160,7 @@ mod tests {
             requests: 5000,
             status_counts: BTreeMap::from([("202".into(), 500), ("410".into(), 4500)]),
             accepted: 500,
+            indefinite_answers: 0,
             orders_in_db: 500,
             distinct_buyers: 500,
             stock_total: 500,
@@ -187,6 +194,7 @@ mod tests {
             "requests",
             "status_counts",
             "accepted",
+            "indefinite_answers",
             "orders_in_db",
             "distinct_buyers",
             "stock_total",

@@ -13,6 +13,7 @@ fn clean_sale() -> Facts {
         stock_total: 500,
         redis_remaining: 0,
         missing_orders: 0,
+        indefinite: 0,
     }
 }
 
@@ -128,4 +129,68 @@ fn only_202_409_and_410_count_as_definite_answers() {
     counts.insert("429".to_string(), 0);
     counts.insert("error".to_string(), 2);
     assert!(!every_buyer_answered(&counts));
+}
+
+/// A replica killed mid-burst: 19 buyers answered 502/504 whose purchases ran anyway (another
+/// replica's relay reclaimed their outbox entries), 2981 answered 202.
+fn burst_with_a_dead_replica() -> Facts {
+    Facts {
+        accepted: 2981,
+        distinct_users: 4000,
+        every_buyer_answered: false,
+        orders_in_db: 3000,
+        distinct_buyers: 3000,
+        stock_total: 3000,
+        redis_remaining: 0,
+        missing_orders: 0,
+        indefinite: 19,
+    }
+}
+
+#[test]
+fn orders_of_buyers_answered_indefinitely_are_within_orders_match_accepted() {
+    assert!(burst_with_a_dead_replica().failures().is_empty());
+}
+
+#[test]
+fn more_orders_than_accepted_plus_indefinite_fail_orders_match_accepted() {
+    let facts = Facts {
+        orders_in_db: 3001,
+        distinct_buyers: 3001,
+        stock_total: 3100,
+        redis_remaining: 99,
+        ..burst_with_a_dead_replica()
+    };
+    assert_eq!(names(&facts), ["orders_match_accepted"]);
+    let detail = &facts.failures()[0].detail;
+    assert!(
+        detail.contains("3001") && detail.contains("19 indefinite"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn fewer_orders_than_accepted_fail_orders_match_accepted_whatever_was_indefinite() {
+    let facts = Facts {
+        orders_in_db: 2980,
+        distinct_buyers: 2980,
+        redis_remaining: 20,
+        ..burst_with_a_dead_replica()
+    };
+    assert_eq!(names(&facts), ["orders_match_accepted"]);
+}
+
+#[test]
+fn every_5xx_and_transport_error_is_an_indefinite_answer() {
+    let counts = BTreeMap::from([
+        ("202".to_string(), 5),
+        ("409".to_string(), 1),
+        ("410".to_string(), 9),
+        ("429".to_string(), 3),
+        ("502".to_string(), 2),
+        ("503".to_string(), 1),
+        ("504".to_string(), 4),
+        ("error".to_string(), 7),
+    ]);
+    assert_eq!(indefinite_answers(&counts), 14);
 }
