@@ -272,3 +272,61 @@ pub async fn final_result(platform: &Platform, product: i64, token: &str) -> Val
     })
     .await
 }
+
+/// The platform with the gateway's settings adjusted by `configure` (e.g. limits a test
+/// must not trip over). The same services as [`spawn_platform`].
+pub async fn spawn_platform_with_gateway(
+    configure: impl FnOnce(&mut gateway::Settings),
+) -> Platform {
+    let ns = TestNamespace::new();
+    let mut stops = Vec::new();
+    let mut tasks = Vec::new();
+    let api = seckill_api::Application::build(seckill_api::Settings {
+        backend: ns.backend_settings(),
+        port: 0,
+        ..seckill_api::Settings::default()
+    })
+    .await
+    .expect("build seckill-api");
+    let seckill_api = format!("http://127.0.0.1:{}", api.port());
+    stops.push(api.shutdown_token());
+    tasks.push(tokio::spawn(api.run_until_stopped()));
+    let orders = order_service::Application::build(order_service::Settings {
+        backend: ns.backend_settings(),
+        port: 0,
+        ..order_service::Settings::default()
+    })
+    .await
+    .expect("build order-service");
+    let order_service = format!("http://127.0.0.1:{}", orders.port());
+    stops.push(orders.shutdown_token());
+    tasks.push(tokio::spawn(orders.run_until_stopped()));
+    let mut settings = gateway::Settings {
+        host: "127.0.0.1".into(),
+        port: 0,
+        admin_port: 0,
+        jwt_secret: Secret::new(JWT_SECRET),
+        internal_key: Secret::new(INTERNAL_KEY),
+        seckill_api_urls: vec![seckill_api.clone()],
+        order_service_urls: vec![order_service.clone()],
+        ..gateway::Settings::default()
+    };
+    configure(&mut settings);
+    let gateway = gateway::Application::build(settings)
+        .await
+        .expect("build gateway");
+    let gateway_url = format!("http://127.0.0.1:{}", gateway.port());
+    let gateway_admin = format!("http://127.0.0.1:{}", gateway.admin_port());
+    stops.push(gateway.shutdown_token());
+    tasks.push(tokio::spawn(gateway.run_until_stopped()));
+    Platform {
+        gateway: gateway_url,
+        gateway_admin,
+        seckill_api,
+        order_service,
+        ns,
+        client: reqwest::Client::new(),
+        stops,
+        tasks,
+    }
+}
