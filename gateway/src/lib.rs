@@ -18,6 +18,8 @@
 //!   [`ops`] — the public `/healthz`, and the operator listener (`/metrics`, `/readyz`)
 //!   on loopback; [`refusal`] — the gateway's own JSON error responses; [`in_flight`] —
 //!   the bounds on requests and purchases under way.
+//! - [`openapi`] — the public API contract (`docs/openapi.json`, served at `/openapi.json`)
+//!   and the function that builds it from the code.
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
@@ -31,6 +33,7 @@ pub mod config;
 pub mod fuzzing;
 pub mod http1;
 pub mod in_flight;
+pub mod openapi;
 pub mod ops;
 pub mod pipeline;
 pub mod proxy;

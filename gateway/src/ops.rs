@@ -1,7 +1,8 @@
 //! The operator endpoints, split by who may reach them.
 //!
 //! - The public port answers `/healthz` only, with `{"status":"ok"}`: a load balancer learns
-//!   the process answers and nothing else. Its request and response are carried across to
+//!   the process answers and nothing else. It also serves the API contract,
+//!   `/openapi.json` (the committed `docs/openapi.json`, see [`crate::openapi`]). Its request and response are carried across to
 //!   and from the gateway's own HTTP/1.1 types here, the one place the request path meets
 //!   axum. `/metrics` and `/readyz` there are paths like any unknown one (404).
 //! - The operator listener ([`serve_admin`], `admin_host`:`admin_port`, loopback by default)
@@ -20,22 +21,72 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use seckill_http::ErrorBody;
+
 use crate::http1::{Incoming, Response, with_date};
 use crate::refusal;
 
 /// Largest body of an operator endpoint's response (metrics).
 const MAX_LOCAL_BODY: usize = 16 * 1024 * 1024;
 
-/// Whether `path` is the public port's operator endpoint, served by [`public_router`].
+/// Whether `path` is one of the public port's own endpoints, served by [`public_router`].
 pub fn is_ops(path: &str) -> bool {
-    path == "/healthz"
+    path == "/healthz" || path == "/openapi.json"
 }
 
-/// The public port's operator router: `/healthz` answering `{"status":"ok"}`.
+/// The public port's own router: `/healthz` answering `{"status":"ok"}` and the API
+/// contract at `/openapi.json`. Neither needs a token.
 pub fn public_router() -> Router {
-    Router::new().route(
-        "/healthz",
-        get(|| async { axum::Json(serde_json::json!({ "status": "ok" })) }),
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi_json))
+}
+
+/// The liveness answer of the public port.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schema(pattern = "^ok$", example = "ok")]
+    status: &'static str,
+}
+
+/// `GET /healthz`: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    summary = "Liveness of the gateway",
+    description = "Exempt from the rate limits and the bounds, so probes get through a flood. \
+        Readiness and metrics are on the operator listener only.",
+    responses(
+        (status = 200, description = "The gateway answers.", body = Health),
+        (status = 413, description = "`payload_too_large`: a request body was announced (none \
+            is taken; the connection is closed).", body = ErrorBody),
+    ),
+)]
+pub async fn healthz() -> axum::Json<Health> {
+    axum::Json(Health { status: "ok" })
+}
+
+/// `GET /openapi.json`: the contract, as committed.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openapi",
+    tag = "operations",
+    summary = "This document",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document of the public API.",
+            content_type = "application/json", body = Object),
+        (status = 413, description = "`payload_too_large`: a request body was announced (none \
+            is taken; the connection is closed).", body = ErrorBody),
+    ),
+)]
+pub async fn openapi_json() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        crate::openapi::DOCUMENT,
     )
 }
 

@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 /// Where the breaker stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = BreakerState)]
 pub enum State {
     /// Calls pass.
     Closed,
@@ -327,8 +328,9 @@ impl CircuitBreaker {
 }
 
 /// An operator's choice, as kept in Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = BreakerMode)]
 pub enum Mode {
     /// Forced open: the consumers of every replica pause.
     Open,

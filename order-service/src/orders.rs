@@ -36,7 +36,7 @@ pub enum Recorded {
 }
 
 /// An order as its buyer sees it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Order {
     /// Its id.
     pub id: i64,
@@ -49,6 +49,7 @@ pub struct Order {
     /// Price paid, in cents.
     pub price_cents: i64,
     /// created, paid or cancelled.
+    #[schema(pattern = "^(created|paid|cancelled)$", example = "created")]
     pub status: String,
     /// When the purchase was accepted.
     pub accepted_at: DateTime<Utc>,

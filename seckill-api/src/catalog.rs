@@ -24,7 +24,7 @@ use crate::bloom::ProductBloom;
 use crate::null_cache::NullCache;
 
 /// A product on sale, as every handler sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Product {
     /// Its id.
     pub id: i64,

@@ -8,7 +8,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 /// Every error body: a stable machine code and a human message.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(example = json!({"code": "sold_out", "message": "sold out"}))]
 pub struct ErrorBody {
     /// snake_case, stable: clients switch on it.
     pub code: String,

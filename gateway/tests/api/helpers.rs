@@ -273,14 +273,14 @@ pub async fn final_result(platform: &Platform, product: i64, token: &str) -> Val
     .await
 }
 
-/// The platform as `scripts/up.sh` runs it for load tools: one address sends thousands of
-/// fresh tokens, so the gateway's per-address pre-limit on unverified tokens is raised the
-/// same way (`SECKILL_GATEWAY_RATE_UNVERIFIED_*`, 100 000).
-pub async fn spawn_platform_for_load() -> Platform {
+/// The platform with the gateway's settings adjusted by `configure` (e.g. limits a test
+/// must not trip over). The same services as [`spawn_platform`].
+pub async fn spawn_platform_with_gateway(
+    configure: impl FnOnce(&mut gateway::Settings),
+) -> Platform {
     let ns = TestNamespace::new();
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
-
     let api = seckill_api::Application::build(seckill_api::Settings {
         backend: ns.backend_settings(),
         port: 0,
@@ -291,7 +291,6 @@ pub async fn spawn_platform_for_load() -> Platform {
     let seckill_api = format!("http://127.0.0.1:{}", api.port());
     stops.push(api.shutdown_token());
     tasks.push(tokio::spawn(api.run_until_stopped()));
-
     let orders = order_service::Application::build(order_service::Settings {
         backend: ns.backend_settings(),
         port: 0,
@@ -302,8 +301,7 @@ pub async fn spawn_platform_for_load() -> Platform {
     let order_service = format!("http://127.0.0.1:{}", orders.port());
     stops.push(orders.shutdown_token());
     tasks.push(tokio::spawn(orders.run_until_stopped()));
-
-    let gateway = gateway::Application::build(gateway::Settings {
+    let mut settings = gateway::Settings {
         host: "127.0.0.1".into(),
         port: 0,
         admin_port: 0,
@@ -311,17 +309,16 @@ pub async fn spawn_platform_for_load() -> Platform {
         internal_key: Secret::new(INTERNAL_KEY),
         seckill_api_urls: vec![seckill_api.clone()],
         order_service_urls: vec![order_service.clone()],
-        rate_unverified_per_sec: 100_000,
-        rate_unverified_burst: 100_000,
         ..gateway::Settings::default()
-    })
-    .await
-    .expect("build gateway");
+    };
+    configure(&mut settings);
+    let gateway = gateway::Application::build(settings)
+        .await
+        .expect("build gateway");
     let gateway_url = format!("http://127.0.0.1:{}", gateway.port());
     let gateway_admin = format!("http://127.0.0.1:{}", gateway.admin_port());
     stops.push(gateway.shutdown_token());
     tasks.push(tokio::spawn(gateway.run_until_stopped()));
-
     Platform {
         gateway: gateway_url,
         gateway_admin,
@@ -332,4 +329,15 @@ pub async fn spawn_platform_for_load() -> Platform {
         stops,
         tasks,
     }
+}
+
+/// The platform as `scripts/up.sh` runs it for load tools: one address sends thousands of
+/// fresh tokens, so the gateway's per-address pre-limit on unverified tokens is raised the
+/// same way (`SECKILL_GATEWAY_RATE_UNVERIFIED_*`, 100 000).
+pub async fn spawn_platform_for_load() -> Platform {
+    spawn_platform_with_gateway(|settings| {
+        settings.rate_unverified_per_sec = 100_000;
+        settings.rate_unverified_burst = 100_000;
+    })
+    .await
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use sqlx::PgPool;
+use utoipa_axum::router::OpenApiRouter;
 
 use seckill_auth::IdentityVerifier;
 use seckill_http::ops::{self, Probe};
@@ -40,11 +41,23 @@ pub struct AppState {
 /// answering `probes`) — the business ones behind the identity check, all inside the request-id, tracing, panic and metrics layers.
 pub fn router(state: AppState, probes: Vec<(&'static str, Probe)>) -> Router {
     let identity = state.identity.clone();
-    let business = Router::new()
-        .merge(orders::router())
-        .merge(admin::router())
-        .with_state(state);
+    let (business, _description) = described().split_for_parts();
+    let business = business.with_state(state);
     // Credentials are checked on the business routes only: ops routes take none.
     let routes = seckill_auth::verified(business, identity).merge(ops::router(probes));
     seckill_http::layers::instrument(routes, "order-service")
+}
+
+/// The OpenAPI description of the business and admin routes, as the service answers them
+/// (the gateway adds its own refusals when it merges the public document).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    described().into_openapi()
+}
+
+/// Every business and admin route with its description: the router and the document are
+/// built from this one list.
+fn described() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .merge(orders::router())
+        .merge(admin::router())
 }

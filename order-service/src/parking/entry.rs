@@ -10,8 +10,9 @@ use sha2::Digest;
 use seckill_messaging::{HEADER_ATTEMPT, OrderMessage};
 
 /// Where an entry stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = DeadLetterStatus)]
 pub enum Status {
     /// Waiting for an operator.
     Pending,
@@ -36,7 +37,8 @@ impl Status {
 }
 
 /// A dead letter as the operator sees it.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = DeadLetter)]
 pub struct Entry {
     /// The purchase's request id (or `sha256:<hex>` of a body that did not parse).
     pub event_id: String,
@@ -54,6 +56,10 @@ pub struct Entry {
     /// Redrives so far.
     pub redrives: i32,
     /// pending, redriven, ignored or quarantined.
+    #[schema(
+        pattern = "^(pending|redriven|ignored|quarantined)$",
+        example = "pending"
+    )]
     pub status: String,
     /// When it was first dead-lettered.
     pub first_seen: DateTime<Utc>,
@@ -135,7 +141,7 @@ impl Arrival {
 }
 
 /// An audit row.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct AuditEntry {
     /// Its id.
     pub id: i64,
@@ -144,10 +150,12 @@ pub struct AuditEntry {
     /// Who.
     pub operator: String,
     /// redrive, ignore or clear.
+    #[schema(pattern = "^(redrive|ignore|clear)$", example = "redrive")]
     pub action: String,
     /// Whether it only reported.
     pub dry_run: bool,
     /// The selection as given.
+    #[schema(value_type = Object)]
     pub selection: serde_json::Value,
     /// The entries it applied to.
     pub event_ids: Vec<String>,

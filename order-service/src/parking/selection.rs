@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 
 /// Which entries an action applies to. An action needs at least one of ids, product or a
 /// time bound, so "everything" is never selected by accident.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = DeadLetterSelection)]
 pub struct Selection {
     /// These entries.
     #[serde(default)]
@@ -68,7 +69,8 @@ impl Selection {
 }
 
 /// What an action did (or, on a dry run, would do).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(as = ParkingReport)]
 pub struct Report {
     /// `redrive`, `ignore` or `clear`.
     pub action: String,

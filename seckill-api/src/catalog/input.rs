@@ -4,13 +4,16 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 /// What an admin sends to create a product.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct NewProduct {
     /// Display name, 1–200 characters.
+    #[schema(min_length = 1, max_length = 200)]
     pub name: String,
     /// Price per unit, in cents, ≥ 0.
+    #[schema(minimum = 0)]
     pub price_cents: i64,
     /// Units on sale, 0–10,000,000.
+    #[schema(minimum = 0, maximum = 10_000_000)]
     pub stock: i32,
     /// When the sale opens.
     pub start_at: DateTime<Utc>,
@@ -18,6 +21,7 @@ pub struct NewProduct {
     pub end_at: DateTime<Utc>,
     /// Redis buckets to split the stock into, 1–1024; the service's default when absent.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1024)]
     pub buckets: Option<i16>,
 }
 
@@ -46,12 +50,14 @@ impl NewProduct {
 /// What an admin sends to change a product: any of its catalogue fields. The stock and its
 /// buckets are not here on purpose (a sale's units and key layout are fixed once set up), so
 /// a body naming them is refused rather than half applied.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProductChanges {
     /// New display name, 1–200 characters.
+    #[schema(min_length = 1, max_length = 200)]
     pub name: Option<String>,
     /// New price per unit, in cents, ≥ 0.
+    #[schema(minimum = 0)]
     pub price_cents: Option<i64>,
     /// New opening time; with the (new or current) `end_at` after it.
     pub start_at: Option<DateTime<Utc>>,

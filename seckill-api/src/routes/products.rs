@@ -6,14 +6,14 @@ use axum::http::StatusCode;
 use serde::Serialize;
 
 use seckill_auth::{AdminIdentity, Identity};
-use seckill_http::{JsonBody, PathId};
+use seckill_http::{ErrorBody, JsonBody, PathId};
 
 use crate::catalog::{Edit, NewProduct, Product, ProductChanges};
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// A product with its approximate remaining stock.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ProductView {
     #[serde(flatten)]
     product: Product,
@@ -37,6 +37,22 @@ async fn view(state: &AppState, product: Product) -> Result<ProductView, ApiErro
 }
 
 /// `GET /api/products/{id}`.
+#[utoipa::path(
+    get,
+    path = "/api/products/{product_id}",
+    operation_id = "get_product",
+    tag = "products",
+    summary = "One product, its sale window and approximate remaining stock",
+    params(("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1)),
+    responses(
+        (status = 200, description = "The product.", body = ProductView),
+        (status = 400, description = "`invalid_request`: the id is not a positive integer.", body = ErrorBody),
+        (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get(
     State(state): State<AppState>,
     _identity: Identity,
@@ -51,6 +67,19 @@ pub async fn get(
 }
 
 /// `GET /api/products`: the 100 newest.
+#[utoipa::path(
+    get,
+    path = "/api/products",
+    operation_id = "list_products",
+    tag = "products",
+    summary = "The 100 newest products",
+    responses(
+        (status = 200, description = "Newest first.", body = Vec<ProductView>),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn list(
     State(state): State<AppState>,
     _identity: Identity,
@@ -63,6 +92,22 @@ pub async fn list(
 }
 
 /// `POST /admin/products`: creates a product; its stock loads lazily on first purchase.
+#[utoipa::path(
+    post,
+    path = "/admin/products",
+    operation_id = "create_product",
+    tag = "admin",
+    summary = "Put a product on sale",
+    request_body = NewProduct,
+    responses(
+        (status = 201, description = "Created.", body = Product),
+        (status = 400, description = "`invalid_request`: malformed JSON or a broken rule (the \
+            message says which).", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 #[tracing::instrument(skip_all, fields(admin = admin.0.user_id))]
 pub async fn create(
     State(state): State<AppState>,
@@ -82,6 +127,24 @@ pub async fn create(
 /// `PATCH /admin/products/{id}`: changes the name, price or sale window. Every replica drops
 /// its cached copy (through the update trigger); the loaded stock buckets get the new window
 /// here, so the answer means purchases already follow it.
+#[utoipa::path(
+    patch,
+    path = "/admin/products/{product_id}",
+    operation_id = "update_product",
+    tag = "admin",
+    summary = "Change a product's name, price or sale window",
+    params(("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1)),
+    request_body = ProductChanges,
+    responses(
+        (status = 200, description = "The product as it is now.", body = Product),
+        (status = 400, description = "`invalid_request`: a bad id, malformed JSON, nothing to \
+            change, an unknown field (stock and buckets are fixed) or a broken rule.", body = ErrorBody),
+        (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 #[tracing::instrument(skip_all, fields(admin = admin.0.user_id, product_id = product_id))]
 pub async fn update(
     State(state): State<AppState>,

@@ -25,14 +25,49 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The 202 body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Accepted {
+    /// The purchase's id: the order it becomes carries it.
     request_id: Uuid,
+    /// Always `queued`: the order is written asynchronously (see the result route).
+    #[schema(pattern = "^queued$", example = "queued")]
     status: &'static str,
 }
 
 /// Decides a purchase: window, sold-out flag, then the atomic Redis step. With an
 /// `Idempotency-Key`, a repeated request gets the first answer back (see `idempotency`).
+#[utoipa::path(
+    post,
+    path = "/api/seckill/{product_id}",
+    operation_id = "purchase",
+    tag = "purchases",
+    summary = "Buy one unit of a product",
+    description = "One unit per user and product. `202` means the purchase is decided and \
+        durable; its order is written asynchronously (see the result route). With an \
+        `Idempotency-Key`, a repeated request gets the first answer back (with \
+        `Idempotent-Replayed: true`), whatever its status was.",
+    params(
+        ("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1),
+        ("Idempotency-Key" = Option<String>, Header, description = "1-128 visible ASCII characters; \
+            the same key answers the same purchase once more.", min_length = 1, max_length = 128),
+    ),
+    responses(
+        (status = 202, description = "Accepted and queued.", body = Accepted,
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replayed answer."))),
+        (status = 400, description = "`invalid_request`: the id is not a positive integer or the \
+            Idempotency-Key is malformed.", body = ErrorBody),
+        (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 409, description = "`already_purchased`: this user holds a unit already; \
+            `request_in_progress`: the first request with this Idempotency-Key is not finished.",
+            body = ErrorBody),
+        (status = 410, description = "`sold_out`.", body = ErrorBody),
+        (status = 422, description = "`activity_not_active`: outside the sale window; \
+            `idempotency_key_reused`: the key was first used for another product.", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `ledger_rebuilding` (with `Retry-After`).",
+            body = ErrorBody, headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = [])),
+)]
 #[tracing::instrument(skip_all, fields(product_id = product_id, user_id = identity.user_id))]
 pub async fn purchase(
     State(state): State<AppState>,
@@ -309,18 +344,40 @@ async fn decide(
 }
 
 /// The result body: `status` is none, queued, success or failed.
-#[derive(Debug, Serialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ResultBody {
+    /// `none` (no purchase), `queued` (accepted, order not written yet), `success` (an
+    /// order) or `failed` (given up; `reason` says why).
+    #[schema(pattern = "^(none|queued|success|failed)$", example = "success")]
     status: &'static str,
+    /// The purchase's id, while `queued`.
     #[serde(skip_serializing_if = "Option::is_none")]
     request_id: Option<String>,
+    /// The order, on `success`.
     #[serde(skip_serializing_if = "Option::is_none")]
     order_id: Option<i64>,
+    /// Why it failed, on `failed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
 }
 
 /// Where the caller's purchase of this product stands.
+#[utoipa::path(
+    get,
+    path = "/api/seckill/{product_id}/result",
+    operation_id = "purchase_result",
+    tag = "purchases",
+    summary = "Where the caller's purchase of a product stands",
+    params(("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1)),
+    responses(
+        (status = 200, description = "The caller's purchase, if any.", body = ResultBody),
+        (status = 400, description = "`invalid_request`: the id is not a positive integer.", body = ErrorBody),
+        (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = [])),
+)]
 #[tracing::instrument(skip_all, fields(product_id = product_id, user_id = identity.user_id))]
 pub async fn result(
     State(state): State<AppState>,

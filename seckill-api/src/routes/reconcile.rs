@@ -5,7 +5,7 @@ use axum::extract::State;
 use serde::Serialize;
 
 use seckill_auth::AdminIdentity;
-use seckill_http::PathId;
+use seckill_http::{ErrorBody, PathId};
 use seckill_store::PurchaseResult;
 
 use crate::error::ApiError;
@@ -13,7 +13,7 @@ use crate::state::AppState;
 
 /// Where every unit of a product is. Once the system is quiet, `drift` is 0: each unit is
 /// either still on sale in Redis, accepted and on its way, or an order.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct StockReport {
     /// Units put on sale.
     pub stock_total: i64,
@@ -23,6 +23,7 @@ pub struct StockReport {
     pub loaded: bool,
     /// `in_redis`, `not_loaded`, or `rebuilding`: Redis lost the ledger and sales wait until
     /// every purchase in flight has landed (as this replica sees it).
+    #[schema(pattern = "^(in_redis|not_loaded|rebuilding)$", example = "in_redis")]
     pub ledger: &'static str,
     /// Accepted purchases whose order is not written yet (buyer results still `queued`):
     /// in the outbox, in RabbitMQ, or being written.
@@ -41,6 +42,22 @@ pub struct StockReport {
 }
 
 /// Reconciles Redis and Postgres for one product.
+#[utoipa::path(
+    get,
+    path = "/admin/products/{product_id}/stock",
+    operation_id = "product_stock",
+    tag = "admin",
+    summary = "Where every unit of a product is (reconciliation)",
+    params(("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1)),
+    responses(
+        (status = 200, description = "The units, accounted for.", body = StockReport),
+        (status = 400, description = "`invalid_request`: the id is not a positive integer.", body = ErrorBody),
+        (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 pub async fn stock(
     State(state): State<AppState>,
     _admin: AdminIdentity,

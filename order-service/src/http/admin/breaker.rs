@@ -5,27 +5,25 @@
 //! PUT /admin/orders/breaker {"mode": "open"|"closed"|"auto"}
 //! ```
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use seckill_auth::AdminIdentity;
-use seckill_http::JsonBody;
+use seckill_http::{ErrorBody, JsonBody};
 
 use crate::breaker::{self, Mode};
 use crate::error::ApiError;
 use crate::http::AppState;
 
 /// The breaker routes.
-pub(super) fn router() -> Router<AppState> {
-    Router::new().route(
-        "/admin/orders/breaker",
-        get(breaker_status).put(set_breaker_mode),
-    )
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(breaker_status, set_breaker_mode))
 }
 
 /// The breaker as an operator sees it.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct BreakerStatus {
     /// This replica's state.
     pub state: breaker::State,
@@ -34,7 +32,7 @@ pub struct BreakerStatus {
 }
 
 /// The body of `PUT /admin/orders/breaker`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetMode {
     /// `open`, `closed` or `auto`.
@@ -42,6 +40,19 @@ pub struct SetMode {
 }
 
 /// `GET /admin/orders/breaker`.
+#[utoipa::path(
+    get,
+    path = "/admin/orders/breaker",
+    operation_id = "breaker_status",
+    tag = "admin",
+    summary = "This replica's breaker state and the mode every replica follows",
+    responses(
+        (status = 200, description = "The breaker.", body = BreakerStatus),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn breaker_status(
     State(state): State<AppState>,
     _admin: AdminIdentity,
@@ -55,6 +66,21 @@ async fn breaker_status(
 
 /// `PUT /admin/orders/breaker {"mode": "open"|"closed"|"auto"}`: forces (or releases) the
 /// breaker of every replica; kept in Redis, so it survives restarts.
+#[utoipa::path(
+    put,
+    path = "/admin/orders/breaker",
+    operation_id = "set_breaker_mode",
+    tag = "admin",
+    summary = "Force the breaker of every replica open or closed, or release it",
+    request_body = SetMode,
+    responses(
+        (status = 200, description = "The breaker, as set.", body = BreakerStatus),
+        (status = 400, description = "`invalid_request`: malformed JSON or an unknown mode.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn set_breaker_mode(
     State(state): State<AppState>,
     admin: AdminIdentity,

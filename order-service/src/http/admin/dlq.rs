@@ -11,42 +11,65 @@
 //! GET  /admin/dlq/audit?limit=
 //! ```
 
+use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::PathRejection;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use seckill_auth::AdminIdentity;
-use seckill_http::{JsonBody, QueryParams};
+use seckill_http::{ErrorBody, JsonBody, QueryParams};
 
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::parking::{self, AuditEntry, Entry, Report, Selection, Status};
 
-/// The parking-lot routes.
-pub(super) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/admin/dlq", get(list))
-        .route("/admin/dlq/redrive", post(redrive))
-        .route("/admin/dlq/ignore", post(ignore))
-        .route("/admin/dlq/clear", post(clear))
-        .route("/admin/dlq/audit", get(audit))
-        .route("/admin/dlq/{event_id}/ignore", post(ignore_one))
+/// The parking-lot routes, each with its OpenAPI description.
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(redrive))
+        .routes(routes!(ignore))
+        .routes(routes!(clear))
+        .routes(routes!(audit))
+        .routes(routes!(ignore_one))
 }
 
 /// Filters of the listing.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only entries in this status.
+    #[param(inline)]
     status: Option<Status>,
+    /// Only entries of this product.
     product_id: Option<i64>,
+    /// First dead-lettered at or after this instant.
     from: Option<DateTime<Utc>>,
+    /// First dead-lettered before this instant.
     to: Option<DateTime<Utc>>,
+    /// Most entries (100 unless given; kept within 1-10000).
     limit: Option<i64>,
 }
 
 /// `GET /admin/dlq`: entries, oldest first (100 unless a limit is given).
+#[utoipa::path(
+    get,
+    path = "/admin/dlq",
+    operation_id = "list_dead_letters",
+    tag = "admin",
+    summary = "Dead letters in the parking lot, oldest first",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The entries.", body = Vec<Entry>),
+        (status = 400, description = "`invalid_request`: an unknown or malformed parameter.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn list(
     State(state): State<AppState>,
     _admin: AdminIdentity,
@@ -65,13 +88,30 @@ async fn list(
 }
 
 /// The query of the audit listing.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
+    /// Most records (100 unless given; kept within 1-10000).
     limit: Option<i64>,
 }
 
 /// `GET /admin/dlq/audit`: the newest audit records (100 unless a limit is given).
+#[utoipa::path(
+    get,
+    path = "/admin/dlq/audit",
+    operation_id = "dead_letter_audit",
+    tag = "admin",
+    summary = "The operators' actions on the parking lot, newest first",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "The audit records.", body = Vec<AuditEntry>),
+        (status = 400, description = "`invalid_request`: an unknown or malformed parameter.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn audit(
     State(state): State<AppState>,
     _admin: AdminIdentity,
@@ -83,6 +123,23 @@ async fn audit(
 }
 
 /// `POST /admin/dlq/redrive`: sends the selected pending entries back to the orders queue.
+#[utoipa::path(
+    post,
+    path = "/admin/dlq/redrive",
+    operation_id = "redrive_dead_letters",
+    tag = "admin",
+    summary = "Send the selected pending dead letters back to the orders queue",
+    description = "`\"dry_run\": true` reports what would be done and changes nothing. A broker failure part-way answers `503` after the entries already redriven.",
+    request_body = Selection,
+    responses(
+        (status = 200, description = "What was done (or would be).", body = Report),
+        (status = 400, description = "`invalid_request`: malformed JSON, or a selection that \
+            names nothing (no ids, product_id or from/to) or is malformed.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn redrive(
     State(state): State<AppState>,
     admin: AdminIdentity,
@@ -102,6 +159,23 @@ async fn redrive(
 }
 
 /// `POST /admin/dlq/ignore`: gives the selected entries up; their units go back on sale.
+#[utoipa::path(
+    post,
+    path = "/admin/dlq/ignore",
+    operation_id = "ignore_dead_letters",
+    tag = "admin",
+    summary = "Give the selected dead letters up; their units go back on sale",
+    description = "`\"dry_run\": true` reports what would be done and changes nothing.",
+    request_body = Selection,
+    responses(
+        (status = 200, description = "What was done (or would be).", body = Report),
+        (status = 400, description = "`invalid_request`: malformed JSON, or a selection that \
+            names nothing (no ids, product_id or from/to) or is malformed.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn ignore(
     State(state): State<AppState>,
     admin: AdminIdentity,
@@ -113,6 +187,23 @@ async fn ignore(
 }
 
 /// `POST /admin/dlq/clear`: releases the selected quarantined entries.
+#[utoipa::path(
+    post,
+    path = "/admin/dlq/clear",
+    operation_id = "clear_dead_letters",
+    tag = "admin",
+    summary = "Release the selected quarantined dead letters",
+    description = "`\"dry_run\": true` reports what would be done and changes nothing.",
+    request_body = Selection,
+    responses(
+        (status = 200, description = "What was done (or would be).", body = Report),
+        (status = 400, description = "`invalid_request`: malformed JSON, or a selection that \
+            names nothing (no ids, product_id or from/to) or is malformed.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn clear(
     State(state): State<AppState>,
     admin: AdminIdentity,
@@ -124,14 +215,34 @@ async fn clear(
 }
 
 /// The query of a single-entry action.
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DryRun {
+    /// Only report what would be done.
     #[serde(default)]
     dry_run: bool,
 }
 
 /// `POST /admin/dlq/{event_id}/ignore`: gives one entry up.
+#[utoipa::path(
+    post,
+    path = "/admin/dlq/{event_id}/ignore",
+    operation_id = "ignore_dead_letter",
+    tag = "admin",
+    summary = "Give one dead letter up; its unit goes back on sale",
+    params(
+        ("event_id" = String, Path, description = "The entry's event id (letters, digits, `-`; at most 128)."),
+        DryRun,
+    ),
+    responses(
+        (status = 200, description = "What was done (or would be).", body = Report),
+        (status = 400, description = "`invalid_request`: a malformed event id or parameter.", body = ErrorBody),
+        (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait."))),
+    ),
+    security(("bearer" = ["admin"])),
+)]
 async fn ignore_one(
     State(state): State<AppState>,
     admin: AdminIdentity,

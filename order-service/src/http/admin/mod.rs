@@ -6,11 +6,13 @@
 mod breaker;
 mod dlq;
 
-use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
 
 use super::AppState;
 
-/// The operator routes.
-pub(super) fn router() -> Router<AppState> {
-    Router::new().merge(dlq::router()).merge(breaker::router())
+/// The operator routes, each with its OpenAPI description.
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .merge(dlq::router())
+        .merge(breaker::router())
 }
