@@ -15,6 +15,7 @@ mod identity;
 mod keepalive;
 mod ledger;
 mod limits;
+mod metric_names;
 mod operator;
 mod overload;
 mod ratelimit;
