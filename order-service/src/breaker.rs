@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::metric_names as names;
+
 /// Where the breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -44,6 +46,17 @@ impl State {
         matches!(self, Self::Open | Self::ForcedOpen)
     }
 
+    /// The state as a metric label (`closed`, `half_open`, `forced_open`…).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+            Self::ForcedOpen => "forced_open",
+            Self::ForcedClosed => "forced_closed",
+        }
+    }
+
     fn gauge(self) -> f64 {
         match self {
             Self::Closed => 0.0,
@@ -54,6 +67,15 @@ impl State {
         }
     }
 }
+
+/// The transitions the breaker makes on its own (an operator's force adds others): their
+/// counters exist from start-up, at zero.
+pub const AUTOMATIC_TRANSITIONS: [(State, State); 4] = [
+    (State::Closed, State::Open),
+    (State::Open, State::HalfOpen),
+    (State::HalfOpen, State::Open),
+    (State::HalfOpen, State::Closed),
+];
 
 /// How the window is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +160,7 @@ pub struct CircuitBreaker {
 impl CircuitBreaker {
     /// A closed breaker.
     pub fn new(config: Config) -> Self {
-        metrics::gauge!("order_breaker_state").set(State::Closed.gauge());
+        metrics::gauge!(names::BREAKER_STATE).set(State::Closed.gauge());
         Self {
             config,
             inner: Mutex::new(Inner {
@@ -272,8 +294,8 @@ impl CircuitBreaker {
         let from = inner.state;
         inner.state = to;
         tracing::warn!(?from, ?to, why, "circuit breaker transition");
-        metrics::gauge!("order_breaker_state").set(to.gauge());
-        metrics::counter!("order_breaker_transitions_total", "to" => format!("{to:?}"))
+        metrics::gauge!(names::BREAKER_STATE).set(to.gauge());
+        metrics::counter!(names::BREAKER_TRANSITIONS, "from" => from.label(), "to" => to.label())
             .increment(1);
         self.changes.send_replace(to);
         // A timer wakes waiters when the open wait is over, so a paused consumer resumes

@@ -93,6 +93,10 @@ pub struct Settings {
         with = "seckill_config::formats::millis"
     )]
     pub compensation_poll: Duration,
+    /// How often the queues' depth and consumers are read for the metrics
+    /// (`queue_watch_ms`, see `crate::queue_watch`).
+    #[serde(rename = "queue_watch_ms", with = "seckill_config::formats::millis")]
+    pub queue_watch: Duration,
     /// Redrives after which a dead letter that fails again is quarantined.
     pub quarantine_after_redrives: i32,
     /// Redriven messages published per second at most (a token bucket, per replica)…
@@ -174,6 +178,7 @@ impl Default for Settings {
             breaker_mode_poll: Duration::from_secs(1),
             payment_window: Duration::from_secs(900),
             compensation_poll: Duration::from_millis(500),
+            queue_watch: crate::queue_watch::WATCH_EVERY,
             quarantine_after_redrives: 3,
             redrive_per_sec: 50.0,
             redrive_burst: 50.0,
@@ -217,9 +222,14 @@ impl Validate for Settings {
         if !(0.0..=10.0).contains(&self.retry_budget_ratio) || self.retry_budget_min_per_sec < 0.0 {
             return Err("retry budget must be a ratio in 0..=10 and a non-negative rate".into());
         }
-        if self.compensation_poll.is_zero() || self.quarantine_after_redrives <= 0 {
+        if self.compensation_poll.is_zero()
+            || self.queue_watch.is_zero()
+            || self.quarantine_after_redrives <= 0
+        {
             return Err(
-                "compensation_poll_ms and quarantine_after_redrives must be positive".into(),
+                "compensation_poll_ms, queue_watch_ms and quarantine_after_redrives must be \
+                 positive"
+                    .into(),
             );
         }
         if !(self.redrive_per_sec > 0.0 && self.redrive_burst >= 1.0) {

@@ -21,6 +21,8 @@
 //!   selections, SQL, redrive publishing and its pace), which the admin routes and the CLI
 //!   list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
+//! - [`metric_names`] — the message-lifecycle metrics' names and help; [`queue_watch`] —
+//!   the queues' depth and consumers, read by passive declares.
 
 pub mod ack_window;
 pub mod breaker;
@@ -30,8 +32,10 @@ pub mod config;
 pub mod consumer;
 pub mod error;
 pub mod http;
+pub mod metric_names;
 pub mod orders;
 pub mod parking;
+pub mod queue_watch;
 pub mod recorder;
 pub mod retry;
 pub mod startup;

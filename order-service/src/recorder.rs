@@ -74,7 +74,7 @@ impl Recorder {
             let arrival = Arrival::from_message(&delivery.data, &delivery.properties);
             match parking::record(&self.db, &arrival, self.quarantine_after).await {
                 Ok(status) => {
-                    metrics::counter!("orders_parked_total", "reason" => arrival.error_code.clone())
+                    metrics::counter!(crate::metric_names::ORDERS_PARKED, "reason" => arrival.error_code.clone())
                         .increment(1);
                     if status == "quarantined" {
                         tracing::error!(event_id = %arrival.event_id, error_code = %arrival.error_code,

@@ -20,6 +20,7 @@ use crate::compensation::Compensator;
 use crate::consumer::OrderConsumer;
 use crate::http::{self, AppState};
 use crate::parking::Redriver;
+use crate::queue_watch::QueueWatch;
 use crate::recorder::Recorder;
 use crate::retry::{RetryBudget, RetryPolicy};
 
@@ -32,6 +33,7 @@ pub struct Application {
     consumer: OrderConsumer,
     recorder: Recorder,
     compensator: Compensator,
+    queue_watch: QueueWatch,
     mode_poll: Duration,
     cancel: CancellationToken,
 }
@@ -108,6 +110,12 @@ impl Application {
             quarantine_after: settings.quarantine_after_redrives,
             retry_delay: consumer.requeue_delay,
         };
+        let queue_watch = QueueWatch {
+            amqp_url: consumer.amqp_url.clone(),
+            topology: consumer.topology.clone(),
+            every: settings.queue_watch,
+        };
+        crate::metric_names::describe(&consumer.topology);
         let compensator = Compensator {
             db: consumer.db.clone(),
             redis: consumer.redis.clone(),
@@ -122,6 +130,7 @@ impl Application {
             consumer,
             recorder,
             compensator,
+            queue_watch,
             mode_poll: settings.breaker_mode_poll,
             cancel: CancellationToken::new(),
         })
@@ -151,6 +160,8 @@ impl Application {
         let consumer = tokio::spawn(self.consumer.run(cancel.clone()));
         let recorder = tokio::spawn(self.recorder.run(cancel.clone()));
         let compensator = tokio::spawn(self.compensator.run(cancel.clone()));
+        // Only reads: stopped with the token, nothing to finish.
+        tokio::spawn(self.queue_watch.run(cancel.clone()));
         tracing::info!(port = self.port, "order-service listening");
         let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;
         match tokio::time::timeout(Duration::from_secs(15), consumer).await {

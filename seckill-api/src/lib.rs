@@ -19,6 +19,8 @@
 //!   scripts): the purchase, sweeps, abandoned reservations, lazy loading under a lock.
 //! - [`publisher`] — the handlers' confirmed publishing of accepted purchases.
 //! - [`relay`] — the outbox → RabbitMQ relay (the safety net behind the handlers).
+//! - [`metric_names`] — the purchase and outbox metrics' names and help; the relay's
+//!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
 //! - [`routes`] — HTTP handlers; [`error`]: the one error type they return.
 
@@ -28,6 +30,7 @@ pub mod catalog_sync;
 pub mod config;
 pub mod error;
 pub mod idempotency;
+pub mod metric_names;
 pub mod null_cache;
 pub mod publisher;
 pub mod relay;

@@ -24,7 +24,7 @@ use crate::catalog_sync::CatalogSync;
 use crate::idempotency::Idempotency;
 use crate::null_cache::NullCache;
 use crate::publisher::OrderPublisher;
-use crate::relay::{Relay, RelayHints};
+use crate::relay::{OutboxAge, Relay, RelayHints};
 use crate::state::AppState;
 use crate::stock::fence::Fence;
 use crate::stock::{StockEngine, Timings};
@@ -36,6 +36,7 @@ pub struct Application {
     port: u16,
     router: axum::Router,
     relay: Relay,
+    outbox_age: OutboxAge,
     publisher: Option<OrderPublisher>,
     catalog_sync: CatalogSync,
     cancel: CancellationToken,
@@ -160,11 +161,19 @@ impl Application {
             consumer_idle: crate::relay::CONSUMER_IDLE,
             work: Arc::default(),
         };
+        let outbox_age = OutboxAge {
+            redis: relay.redis.clone(),
+            keys: relay.keys.clone(),
+            replica: relay.consumer.clone(),
+            every: relay.scan_every,
+        };
+        crate::metric_names::describe(&outbox_age.replica);
         Ok(Self {
             listener,
             port,
             router,
             relay,
+            outbox_age,
             publisher,
             catalog_sync,
             cancel: CancellationToken::new(),
@@ -187,6 +196,8 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let cancel = self.cancel.clone();
         let relay = tokio::spawn(self.relay.run(cancel.clone()));
+        // Only reads: stopped with the token, nothing to finish.
+        tokio::spawn(self.outbox_age.run(cancel.clone()));
         // The publisher's connection closes with the token; handlers that still publish fall
         // back to the outbox, which the next start's relay drains.
         if let Some(publisher) = self.publisher {

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 pub use seckill_config::LogFormat;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -54,6 +54,15 @@ pub fn metrics_handle() -> PrometheusHandle {
                 .set_buckets(&[
                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 ])
+                .expect("static bucket list is not empty")
+                // A retry waits out its tier (seconds to a minute): the request buckets above
+                // would put every one of them in +Inf.
+                .set_buckets_for_metric(
+                    Matcher::Full("orders_retry_latency_seconds".into()),
+                    &[
+                        0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
+                    ],
+                )
                 .expect("static bucket list is not empty");
             match builder.install_recorder() {
                 Ok(handle) => handle,

@@ -17,6 +17,7 @@ mod ledger;
 mod limits;
 mod load_tools;
 mod openapi;
+mod metric_names;
 mod operator;
 mod overload;
 mod ratelimit;

@@ -12,7 +12,8 @@ use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
 use super::delivery::{Exhausted, Out};
-use super::headers::{attempt_of, delivery_span, signature_of};
+use super::headers::{attempt_of, delivery_span, retried_at, signature_of};
+use crate::metric_names as names;
 use crate::orders;
 
 impl OrderConsumer {
@@ -42,8 +43,10 @@ impl OrderConsumer {
                     .await
                     .is_ok()
                 {
-                    metrics::counter!("orders_dead_lettered_total", "reason" => "panic")
+                    metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => "panic")
                         .increment(1);
+                } else {
+                    metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
                 }
                 out.acks.settled_elsewhere(tag).await;
             }
@@ -59,7 +62,8 @@ impl OrderConsumer {
             futures_util::future::join_all(requeues).await;
             return;
         };
-        metrics::counter!("orders_consumed_total").increment(batch.len() as u64);
+        metrics::counter!(names::ORDERS_CONSUMED).increment(batch.len() as u64);
+        observe_retry_latency(&batch);
         let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
         self.retry.record_first_attempts(first);
         let mut parsed = Vec::with_capacity(batch.len());
@@ -93,6 +97,7 @@ impl OrderConsumer {
             return;
         }
         let msgs: Vec<OrderMessage> = parsed.iter().map(|(_, msg)| msg.clone()).collect();
+        observe_lag(&msgs);
         metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
         let started = std::time::Instant::now();
         let recorded = orders::record_batch(&self.db, &msgs, self.write).await;
@@ -161,5 +166,60 @@ impl OrderConsumer {
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())
+    }
+}
+
+/// Sets `orders_consumer_lag_seconds`: how long ago the oldest purchase of this batch was
+/// accepted (a retried one counts its wait in the tiers too: it is lag all the same).
+fn observe_lag(msgs: &[OrderMessage]) {
+    let now = chrono::Utc::now();
+    let lag = msgs
+        .iter()
+        .map(|msg| (now - msg.created_at).num_milliseconds())
+        .max()
+        .unwrap_or(0)
+        .max(0);
+    metrics::gauge!(names::ORDERS_CONSUMER_LAG).set(lag as f64 / 1000.0);
+}
+
+/// Records `orders_retry_latency_seconds` for each delivery coming back from a retry tier:
+/// from its publish to the tier until now.
+fn observe_retry_latency(batch: &[Delivery]) {
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    for (retried_at_ms, delay_ms) in batch.iter().filter_map(retried_at) {
+        let waited = (now_ms - retried_at_ms).max(0) as f64 / 1000.0;
+        metrics::histogram!(names::ORDERS_RETRY_LATENCY, "tier" => names::tier_label(delay_ms))
+            .record(waited);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+
+    #[test]
+    fn the_lag_is_the_oldest_purchase_of_the_batch() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let accepted = |secs_ago: i64| OrderMessage {
+            request_id: uuid::Uuid::now_v7(),
+            user_id: 1,
+            product_id: 1,
+            price_cents: 100,
+            created_at: chrono::Utc::now() - chrono::Duration::seconds(secs_ago),
+            bucket: None,
+        };
+        metrics::with_local_recorder(&recorder, || {
+            observe_lag(&[accepted(3), accepted(90), accepted(10)]);
+        });
+        let text = handle.render();
+        let lag: f64 = text
+            .lines()
+            .find_map(|line| line.strip_prefix("orders_consumer_lag_seconds "))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no lag in {text}"));
+        assert!((90.0..91.0).contains(&lag), "lag {lag}");
     }
 }

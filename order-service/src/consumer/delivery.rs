@@ -18,8 +18,11 @@ use seckill_messaging::{
 use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
-use super::headers::{attempt_of, delivery_count, delivery_span};
+use super::headers::{
+    HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count, delivery_span,
+};
 use crate::ack_window::AckWindow;
+use crate::metric_names as names;
 use crate::orders::Recorded;
 use crate::retry::Next;
 
@@ -35,7 +38,7 @@ impl OrderConsumer {
         let span = delivery_span(&delivery);
         let (result, settle) = match outcome {
             Recorded::Created { order_id } => {
-                metrics::counter!("orders_created_total").increment(1);
+                metrics::counter!(names::ORDERS_CREATED).increment(1);
                 (PurchaseResult::Success { order_id }, Settle::Ack)
             }
             Recorded::Duplicate { order_id } => {
@@ -116,6 +119,14 @@ impl OrderConsumer {
                 let headers = [
                     (HEADER_ATTEMPT, AMQPValue::LongInt(attempt as i32)),
                     (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
+                    (
+                        HEADER_RETRIED_AT,
+                        AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()),
+                    ),
+                    (
+                        HEADER_RETRY_TIER,
+                        AMQPValue::LongLongInt(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
+                    ),
                 ];
                 let published = self
                     .republish(
@@ -127,7 +138,7 @@ impl OrderConsumer {
                     )
                     .await;
                 if published {
-                    metrics::counter!("orders_retried_total", "tier" => format!("{delay_ms}ms"))
+                    metrics::counter!(names::ORDERS_RETRIED, "tier" => names::tier_label(delay_ms))
                         .increment(1);
                     out.acks.ack(delivery.delivery_tag).await;
                 } else {
@@ -146,7 +157,7 @@ impl OrderConsumer {
         code: &str,
         error: &str,
     ) {
-        metrics::counter!("orders_dead_lettered_total", "reason" => code.to_string()).increment(1);
+        metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => code.to_string()).increment(1);
         let headers = [
             (HEADER_ERROR_CODE, AMQPValue::LongString(code.into())),
             (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
@@ -159,7 +170,13 @@ impl OrderConsumer {
         if self.republish(out, exchange, "", delivery, &headers).await {
             out.acks.ack(delivery.delivery_tag).await;
         } else {
-            let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+            if delivery
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+                .is_err()
+            {
+                metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
+            }
             out.acks.settled_elsewhere(delivery.delivery_tag).await;
         }
     }
@@ -175,13 +192,17 @@ impl OrderConsumer {
         headers: &[(&str, AMQPValue)],
     ) -> bool {
         // The copy is a new message to its queue: the original's delivery count, kept,
-        // would read as the copy's own.
+        // would read as the copy's own; so would its retry's publish time (a recycled copy
+        // or a dead letter is no retry, and would be timed as one from that old publish).
         let mut table: FieldTable = delivery
             .properties
             .headers()
             .iter()
             .flat_map(|h| h.inner())
-            .filter(|(name, _)| name.as_str() != HEADER_DELIVERY_COUNT)
+            .filter(|(name, _)| {
+                ![HEADER_DELIVERY_COUNT, HEADER_RETRIED_AT, HEADER_RETRY_TIER]
+                    .contains(&name.as_str())
+            })
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect::<std::collections::BTreeMap<_, _>>()
             .into();
@@ -234,6 +255,7 @@ impl OrderConsumer {
         };
         if let Err(e) = delivery.nack(options).await {
             tracing::warn!(error = %e, "could not requeue delivery");
+            metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
         }
         out.acks.settled_elsewhere(delivery.delivery_tag).await;
     }

@@ -41,6 +41,27 @@ pub(super) fn signature_of(delivery: &Delivery) -> Option<&str> {
         })
 }
 
+/// Header of a retry: when it was published to its tier (unix ms).
+pub(super) const HEADER_RETRIED_AT: &str = "x-retried-at";
+/// Header of a retry: its tier's delay (ms), the `tier` of `orders_retry_latency_seconds`.
+pub(super) const HEADER_RETRY_TIER: &str = "x-retry-tier";
+
+/// When a retried delivery was published to its tier (unix ms) and that tier's delay;
+/// `None` for a first delivery (or a retry from a version that did not say).
+pub(super) fn retried_at(delivery: &Delivery) -> Option<(i64, u64)> {
+    let headers = delivery.properties.headers().as_ref()?.inner();
+    let number = |name: &str| match headers.get(name)? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::Timestamp(n) => i64::try_from(*n).ok(),
+        _ => None,
+    };
+    let at = number(HEADER_RETRIED_AT)?;
+    let tier = u64::try_from(number(HEADER_RETRY_TIER)?).ok()?;
+    Some((at, tier))
+}
+
 /// The attempt a delivery carries (0 for a first delivery).
 pub(super) fn attempt_of(delivery: &Delivery) -> u32 {
     count_header(delivery, HEADER_ATTEMPT)

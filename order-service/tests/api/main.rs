@@ -4,6 +4,7 @@ mod batches;
 mod breaker;
 mod consume;
 mod helpers;
+mod lifecycle_metrics;
 mod outage;
 mod parking;
 mod payment;

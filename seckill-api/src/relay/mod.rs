@@ -43,8 +43,12 @@ use seckill_messaging::{
 };
 use seckill_store::RedisKeys;
 
+use crate::metric_names as names;
+
+pub mod age;
 pub mod registry;
 
+pub use age::OutboxAge;
 use registry::Counted;
 pub use registry::{RelayWork, prune_consumers, register};
 
@@ -245,7 +249,7 @@ impl Relay {
                     unix_ms(),
                 )
                 .await?;
-                metrics::gauge!("outbox_backlog").set(found.backlog as f64);
+                metrics::gauge!(names::OUTBOX_BACKLOG).set(found.backlog as f64);
                 for stream in found.busy {
                     busy.entry(stream).or_insert_with(|| "0-0".into());
                 }
@@ -391,12 +395,18 @@ impl Relay {
                 pending.push((index, entry.id.clone(), confirm));
             }
         }
-        metrics::counter!("outbox_published_total").increment(pending.len() as u64);
+        metrics::counter!(names::OUTBOX_PUBLISHED).increment(pending.len() as u64);
         let mut confirmed: Vec<Vec<String>> = vec![Vec::new(); round.len()];
         let mut failed = 0usize;
         let mut returned = 0usize;
         for (index, id, confirm) in pending {
-            match publisher.confirmed(confirm).await {
+            let confirmed_one = publisher.confirmed(confirm).await;
+            if let Err(e) = &confirmed_one {
+                metrics::counter!(names::OUTBOX_CONFIRM_FAILURES,
+                    "reason" => names::confirm_failure_reason(e))
+                .increment(1);
+            }
+            match confirmed_one {
                 Ok(()) => confirmed[index].push(id),
                 // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
                 // follows re-declares the topology and replays it.
@@ -410,7 +420,7 @@ impl Relay {
                 Err(e @ PublishError::Channel(_)) => return Err(e).context("await confirm"),
             }
         }
-        metrics::histogram!("outbox_confirm_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!(names::OUTBOX_CONFIRM_SECONDS).record(started.elapsed().as_secs_f64());
         if failed + returned > 0 {
             // lapin pairs a returned message with whichever confirm resolves next, so which
             // entry was lost is unknowable: keep the whole round for replay (order-service
@@ -430,7 +440,7 @@ impl Relay {
             ack_and_delete(conn, stream, &ids).await?;
             moved += ids.len();
         }
-        metrics::counter!("outbox_confirmed_total").increment(moved as u64);
+        metrics::counter!(names::OUTBOX_CONFIRMED).increment(moved as u64);
         Ok(moved)
     }
 

@@ -222,7 +222,7 @@ async fn run(
         Err(ApiError::ProductNotFound) => "not_found",
         Err(_) => "error",
     };
-    metrics::counter!("seckill_purchases_total", "outcome" => label).increment(1);
+    metrics::counter!(crate::metric_names::PURCHASES, "outcome" => label).increment(1);
     outcome
 }
 
@@ -264,6 +264,9 @@ async fn deliver(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, %request_id, "publish failed; the relay takes over");
+                    metrics::counter!(crate::metric_names::OUTBOX_CONFIRM_FAILURES,
+                        "reason" => crate::metric_names::handler_failure_reason(&e))
+                    .increment(1);
                     "outbox"
                 }
             }
@@ -273,7 +276,7 @@ async fn deliver(
     if durable_in == "outbox" {
         state.relay_hints.hint(stream);
     }
-    metrics::counter!("seckill_accepted_total", "durable_in" => durable_in).increment(1);
+    metrics::counter!(crate::metric_names::ACCEPTED, "durable_in" => durable_in).increment(1);
 }
 
 async fn decide(

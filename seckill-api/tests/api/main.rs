@@ -9,6 +9,7 @@ mod fence;
 mod helpers;
 mod idempotency;
 mod identity;
+mod outbox_age;
 mod products;
 mod purchase;
 mod relay;
