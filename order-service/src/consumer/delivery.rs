@@ -18,7 +18,7 @@ use seckill_messaging::{
 use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
-use super::headers::{attempt_of, delivery_count, delivery_span};
+use super::headers::{attempt_of, delivery_count};
 use crate::ack_window::AckWindow;
 use crate::orders::Recorded;
 use crate::retry::Next;
@@ -32,7 +32,8 @@ impl OrderConsumer {
         msg: OrderMessage,
         outcome: Recorded,
     ) {
-        let span = delivery_span(&delivery);
+        // The delivery's consume span (`super::batch` runs this in it).
+        let span = tracing::Span::current();
         let (result, settle) = match outcome {
             Recorded::Created { order_id } => {
                 metrics::counter!("orders_created_total").increment(1);
