@@ -210,6 +210,21 @@ fn one<'a>(spans: &'a [SpanData], name: &str, service: &str) -> &'a SpanData {
     found[0]
 }
 
+/// Whether `ancestor` is above `span` in `spans`.
+fn descends(spans: &[SpanData], span: &SpanData, ancestor: &SpanData) -> bool {
+    let mut parent = span.parent_span_id;
+    while parent != SpanId::INVALID {
+        if parent == ancestor.span_context.span_id() {
+            return true;
+        }
+        match spans.iter().find(|s| s.span_context.span_id() == parent) {
+            Some(up) => parent = up.parent_span_id,
+            None => return false,
+        }
+    }
+    false
+}
+
 /// The names of the spans whose id is `id` (for a failure's message).
 fn named(spans: &[SpanData], id: SpanId) -> Vec<&str> {
     spans
@@ -236,9 +251,12 @@ fn assert_one_trace_across_the_services(spans: &[SpanData]) {
     );
     let gateway = one(spans, "http", "gateway");
     let api = one(spans, "http", "seckill-api");
-    let publish = one(spans, "outbox.publish", "seckill-api");
-    let consume = one(spans, "order.consume", "order-service");
-    let insert = one(spans, "order.insert", "order-service");
+    // At least once: a publish or a delivery may happen twice (a replayed round).
+    let publishes: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "outbox.publish")
+        .collect();
+    assert!(!publishes.is_empty(), "{spans:#?}");
     let purchase: Vec<_> = spans
         .iter()
         .filter(|s| s.name == "stock.purchase")
@@ -250,20 +268,36 @@ fn assert_one_trace_across_the_services(spans: &[SpanData]) {
         api.parent_span_is_remote,
         "seckill-api continues the header"
     );
-    assert_eq!(purchase.parent_span_id, api.span_context.span_id());
-    // The relay's publish continues the context stored in the outbox entry.
-    assert_eq!(
-        publish.parent_span_id,
-        purchase.span_context.span_id(),
-        "{:?}",
-        named(spans, publish.parent_span_id)
-    );
-    assert_eq!(consume.parent_span_id, publish.span_context.span_id());
-    assert!(
-        consume.parent_span_is_remote,
-        "order-service continues the AMQP header"
-    );
-    assert_eq!(insert.parent_span_id, consume.span_context.span_id());
+    // Under the request span (the handler's own span between them).
+    assert!(descends(spans, purchase, api), "{spans:#?}");
+    for publish in &publishes {
+        // The relay's publish continues the context stored in the outbox entry.
+        assert_eq!(publish.parent_span_id, purchase.span_context.span_id());
+        assert_eq!(
+            attribute(publish, "service").as_deref(),
+            Some("seckill-api")
+        );
+    }
+    let inserts: Vec<_> = spans.iter().filter(|s| s.name == "order.insert").collect();
+    assert!(!inserts.is_empty(), "{spans:#?}");
+    for insert in inserts {
+        let consume = spans
+            .iter()
+            .find(|s| s.span_context.span_id() == insert.parent_span_id)
+            .expect("the insert's consume span");
+        assert_eq!(consume.name, "order.consume");
+        assert!(
+            consume.parent_span_is_remote,
+            "order-service continues the AMQP header"
+        );
+        assert!(
+            publishes
+                .iter()
+                .any(|p| p.span_context.span_id() == consume.parent_span_id),
+            "{:?}",
+            named(spans, consume.parent_span_id)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -321,7 +355,10 @@ async fn the_order_joins_the_clicks_trace_when_the_broker_was_down_at_the_click(
     platform.wait_for_order(&request_id).await;
     let (_, spans) = trace_of_order(&request_id).await;
     assert_one_trace_across_the_services(&spans);
-    let publish = one(&spans, "outbox.publish", "seckill-api");
+    let publish = spans
+        .iter()
+        .find(|s| s.name == "outbox.publish")
+        .expect("a publish");
     let gateway = one(&spans, "http", "gateway");
     assert!(
         publish.start_time > gateway.end_time,
