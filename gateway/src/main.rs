@@ -34,5 +34,8 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!(?settings, "starting");
     let app = Application::build(settings).await?;
-    app.run_until_stopped().await
+    let stopped = app.run_until_stopped().await;
+    // The last batch of spans, when they are exported.
+    seckill_telemetry::shutdown_tracing().await;
+    stopped
 }

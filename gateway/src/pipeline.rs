@@ -119,12 +119,15 @@ impl Handler for Pipeline {
             request_id = std::str::from_utf8(request_id).unwrap_or("-"),
             user_id = tracing::field::Empty,
             trace_id = tracing::field::Empty,
+            service = "gateway",
         );
+        // Before the span is entered: with export on, its parent is the client's span.
+        let trace = proxy::TraceContext::start(head, &span);
         let mut deadline = deadline;
         deadline
             .as_mut()
             .reset((started + self.request_timeout).into());
-        let admitted = AssertUnwindSafe(self.admit(incoming, route, request_id))
+        let admitted = AssertUnwindSafe(self.admit(incoming, route, request_id, &trace))
             .catch_unwind()
             .instrument(span);
         let outcome = tokio::select! {
@@ -190,6 +193,7 @@ impl Pipeline {
         incoming: &mut Incoming<'_>,
         route: Option<Route>,
         request_id: &[u8],
+        trace: &proxy::TraceContext,
     ) -> Response {
         let head = incoming.head;
         let client = self
@@ -219,7 +223,7 @@ impl Pipeline {
         if let Some(refusal) = verdict.refusal() {
             return refusal;
         }
-        let mut response = self.route(incoming, route, caller, request_id).await;
+        let mut response = self.route(incoming, route, caller, request_id, trace).await;
         verdict.annotate(&mut response);
         response
     }
@@ -230,6 +234,7 @@ impl Pipeline {
         route: Option<Route>,
         caller: Result<Arc<Caller>, &'static str>,
         request_id: &[u8],
+        trace: &proxy::TraceContext,
     ) -> Response {
         if proxy::has_dot_segment(incoming.head.path()) {
             return refusal::error(
@@ -272,7 +277,15 @@ impl Pipeline {
             metrics::counter!("gateway_shed_total").increment(1);
             return refusal::unavailable("overloaded, retry shortly");
         };
-        proxy::forward(&self.proxy, route.service, &caller, incoming, request_id).await
+        proxy::forward(
+            &self.proxy,
+            route.service,
+            &caller,
+            incoming,
+            request_id,
+            trace,
+        )
+        .await
     }
 }
 

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{
     ConfirmedPublisher, Health, NotTaken, OrderSigner, Supervised, Supervisor, Topology,
+    TraceHeaders,
 };
 
 /// Messages a worker publishes in one go at most.
@@ -65,6 +66,8 @@ struct Job {
     request_id: String,
     http_request_id: String,
     payload: Vec<u8>,
+    traceparent: String,
+    tracestate: String,
     done: oneshot::Sender<Result<(), PublishError>>,
 }
 
@@ -118,12 +121,14 @@ impl OrderPublisher {
         }
     }
 
-    /// Publishes one order message and waits for the broker's confirm (bounded).
+    /// Publishes one order message, with the trace context `trace` in its headers, and
+    /// waits for the broker's confirm (bounded).
     pub async fn publish(
         &self,
         request_id: &str,
         http_request_id: &str,
         payload: &[u8],
+        trace: TraceHeaders<'_>,
     ) -> Result<(), PublishError> {
         let worker = {
             let workers = self
@@ -142,6 +147,8 @@ impl OrderPublisher {
             request_id: request_id.to_string(),
             http_request_id: http_request_id.to_string(),
             payload: payload.to_vec(),
+            traceparent: trace.traceparent.to_string(),
+            tracestate: trace.tracestate.to_string(),
             done,
         };
         worker
@@ -215,6 +222,10 @@ impl OrderPublisher {
                         &job.request_id,
                         &job.http_request_id,
                         &job.payload,
+                        TraceHeaders {
+                            traceparent: &job.traceparent,
+                            tracestate: &job.tracestate,
+                        },
                     )
                     .await?;
                 confirms.push(confirm);

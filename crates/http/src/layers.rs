@@ -77,19 +77,25 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
             ServiceBuilder::new()
                 .layer(middleware::from_fn(drop_unusable_request_id))
                 .layer(SetRequestIdLayer::new(REQUEST_ID, FastRequestUuid))
-                .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
-                    let request_id = req
-                        .headers()
-                        .get(REQUEST_ID)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("-");
-                    tracing::info_span!(
-                        "http",
-                        method = %req.method(),
-                        path = %req.uri().path(),
-                        request_id = %request_id,
-                    )
-                }))
+                .layer(
+                    TraceLayer::new_for_http().make_span_with(move |req: &Request| {
+                        let request_id = req
+                            .headers()
+                            .get(REQUEST_ID)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-");
+                        let span = tracing::info_span!(
+                            "http",
+                            method = %req.method(),
+                            path = %req.uri().path(),
+                            request_id = %request_id,
+                            service,
+                            trace_id = tracing::field::Empty,
+                        );
+                        continue_trace(&span, req);
+                        span
+                    }),
+                )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID))
                 .layer(CatchPanicLayer::custom(|_| {
                     crate::error_response(
@@ -99,6 +105,19 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
                     )
                 })),
         )
+}
+
+/// Makes a request's span continue the caller's trace (its `traceparent`, when well formed)
+/// or begin one, so every log line of the request carries the trace id.
+fn continue_trace(span: &tracing::Span, req: &Request) {
+    let headers = req.headers();
+    let parent = headers
+        .get(seckill_telemetry::TRACEPARENT)
+        .and_then(|v| seckill_telemetry::TraceParent::parse(v.as_bytes()));
+    let state = parent
+        .and(headers.get(seckill_telemetry::TRACESTATE))
+        .and_then(|v| v.to_str().ok());
+    seckill_telemetry::continue_trace(span, parent.as_ref(), state);
 }
 
 async fn record_metrics(service: &'static str, req: Request, next: Next) -> Response {

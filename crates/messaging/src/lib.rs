@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use publish::{
-    CONFIRM_TIMEOUT, Confirm, ConfirmedPublisher, NotTaken, PublishError, publish_order, taken,
+    CONFIRM_TIMEOUT, Confirm, ConfirmedPublisher, NotTaken, PublishError, TraceHeaders,
+    publish_order, taken,
 };
 pub use signature::{HEADER_SIGNATURE, OrderSigner, SignatureError};
 pub use topology::{DEFAULT_RETRY_TIERS_MS, DELIVERY_LIMIT, MAX_REQUEUES, QueueType, Topology};
@@ -54,8 +55,10 @@ pub struct OrderMessage {
 
 /// AMQP header carrying the request id of the HTTP request that produced the message.
 pub const HEADER_REQUEST_ID: &str = "x-request-id";
-/// AMQP header carrying the W3C trace context.
+/// AMQP header carrying the W3C trace context: the span that published the message.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// AMQP header carrying the W3C `tracestate` that goes with [`HEADER_TRACEPARENT`].
+pub const HEADER_TRACESTATE: &str = "tracestate";
 /// AMQP header counting delivery attempts made by retries (0 on first publish).
 pub const HEADER_ATTEMPT: &str = "x-attempt";
 /// AMQP header of a dead letter: why it was given up (snake_case code).

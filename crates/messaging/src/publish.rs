@@ -14,10 +14,23 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 
-use crate::{HEADER_ATTEMPT, HEADER_REQUEST_ID, HEADER_SIGNATURE, OrderSigner, Topology};
+use crate::{
+    HEADER_ATTEMPT, HEADER_REQUEST_ID, HEADER_SIGNATURE, HEADER_TRACEPARENT, HEADER_TRACESTATE,
+    OrderSigner, Topology,
+};
 
 /// How long a confirm is awaited unless a publisher is given another bound.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The W3C trace context an order message carries in its headers, beside (never inside)
+/// what the signature covers: the signature is of the body alone. Empty: no header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceHeaders<'a> {
+    /// The `traceparent` header.
+    pub traceparent: &'a str,
+    /// The `tracestate` header.
+    pub tracestate: &'a str,
+}
 
 /// Why the broker did not take a published message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,8 +154,8 @@ impl ConfirmedPublisher {
     }
 
     /// Publishes one order message to the topology's exchange, signed by `signer`, with the
-    /// purchase's request id as `message_id`, the HTTP request id in a header and attempt 0;
-    /// see [`Self::send`].
+    /// purchase's request id as `message_id`, the HTTP request id and the trace context in
+    /// headers and attempt 0; see [`Self::send`].
     pub async fn send_order(
         &self,
         signer: &OrderSigner,
@@ -150,8 +163,9 @@ impl ConfirmedPublisher {
         request_id: &str,
         http_request_id: &str,
         payload: &[u8],
+        trace: TraceHeaders<'_>,
     ) -> Result<Confirm, PublishError> {
-        let properties = order_properties(signer, request_id, http_request_id, payload);
+        let properties = order_properties(signer, request_id, http_request_id, payload, trace);
         self.send(
             &topology.exchange,
             &topology.routing_key,
@@ -196,8 +210,17 @@ fn order_properties(
     request_id: &str,
     http_request_id: &str,
     payload: &[u8],
+    trace: TraceHeaders<'_>,
 ) -> BasicProperties {
     let mut headers = FieldTable::default();
+    for (name, value) in [
+        (HEADER_TRACEPARENT, trace.traceparent),
+        (HEADER_TRACESTATE, trace.tracestate),
+    ] {
+        if !value.is_empty() {
+            headers.insert(name.into(), AMQPValue::LongString(value.into()));
+        }
+    }
     headers.insert(
         HEADER_SIGNATURE.into(),
         AMQPValue::LongString(signer.sign(payload).into()),
@@ -237,7 +260,61 @@ pub async fn publish_order(
                 ..BasicPublishOptions::default()
             },
             payload,
-            order_properties(signer, request_id, http_request_id, payload),
+            order_properties(
+                signer,
+                request_id,
+                http_request_id,
+                payload,
+                TraceHeaders::default(),
+            ),
         )
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(properties: &BasicProperties, name: &str) -> Option<String> {
+        properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(name))
+            .and_then(|v| v.as_long_string())
+            .map(|s| s.to_string())
+    }
+
+    #[test]
+    fn trace_headers_ride_beside_the_signature_of_the_body() {
+        let signer = OrderSigner::new("key");
+        let body = br#"{"request_id":"r"}"#;
+        let traced = order_properties(
+            &signer,
+            "r",
+            "h",
+            body,
+            TraceHeaders {
+                traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                tracestate: "a=1",
+            },
+        );
+        let plain = order_properties(&signer, "r", "h", body, TraceHeaders::default());
+        assert_eq!(
+            header(&traced, HEADER_TRACEPARENT).as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        assert_eq!(header(&traced, HEADER_TRACESTATE).as_deref(), Some("a=1"));
+        assert_eq!(header(&plain, HEADER_TRACEPARENT), None);
+        assert_eq!(header(&plain, HEADER_TRACESTATE), None);
+        // The same signature either way: it covers the body only.
+        assert_eq!(
+            header(&traced, HEADER_SIGNATURE),
+            header(&plain, HEADER_SIGNATURE)
+        );
+        assert!(
+            signer
+                .verify(body, header(&traced, HEADER_SIGNATURE).as_deref())
+                .is_ok()
+        );
+    }
 }

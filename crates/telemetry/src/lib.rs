@@ -1,7 +1,9 @@
 //! Tracing and metrics set-up shared by every service.
 //!
 //! Logs are JSON lines (one object per event, with the span fields — request id included —
-//! flattened in) unless `log_format` is `pretty`. Metrics go to one process-wide Prometheus
+//! flattened in, and `trace_id` first inside a traced span) unless `log_format` is `pretty`.
+//! Spans are exported over OTLP only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set ([`otel`]);
+//! traces are continued from W3C `traceparent` values ([`trace_context`]) either way. Metrics go to one process-wide Prometheus
 //! recorder, rendered by each service's `/metrics` route.
 
 use std::sync::OnceLock;
@@ -9,30 +11,94 @@ use std::sync::OnceLock;
 pub use seckill_config::LogFormat;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::fmt::format::{FmtSpan, JsonFields};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+pub mod logs;
+pub mod otel;
+pub mod trace_context;
+
+pub use logs::{TRACE_ID_FIELD, TraceIdLayer, WithTraceId};
+pub use otel::{Carried, carried, carried_or, continue_trace, exporting, link, shutdown_tracing};
+pub use trace_context::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// Installs the global tracing subscriber. `filter` is an `EnvFilter` directive used when
-/// `RUST_LOG` is unset. Safe to call more than once (tests):
-/// later calls do nothing.
+/// `RUST_LOG` is unset. Safe to call more than once (tests): later calls do nothing.
+///
+/// Spans are exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see [`otel`]),
+/// under `OTEL_SERVICE_NAME` or else `service`; call [`shutdown_tracing`] before exiting so
+/// the last batch is sent. Must run inside a Tokio runtime for the export to start.
 pub fn init_tracing(service: &str, filter: &str, format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_span_events(FmtSpan::NONE);
-    let result = if format == LogFormat::Pretty {
-        builder.try_init()
-    } else {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(true)
-            .try_init()
+    let provider = match otel::provider_from_env(service) {
+        Ok(provider) => provider,
+        Err(e) => {
+            // Logged once the subscriber is up; the service runs without export.
+            eprintln!("OpenTelemetry export not started: {e:#}");
+            None
+        }
     };
-    if result.is_ok() {
-        tracing::info!(service, "tracing initialised");
+    install(service, filter, format, provider);
+}
+
+/// Installs the global subscriber with `provider`'s OpenTelemetry layer, if any (a test
+/// passes one with an in-memory exporter). Returns whether this call installed it.
+pub fn install(
+    service: &str,
+    filter: &str,
+    format: LogFormat,
+    provider: Option<SdkTracerProvider>,
+) -> bool {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    let exporting = provider.is_some();
+    let otel_layer = provider
+        .as_ref()
+        .map(|provider| otel::layer(provider, service));
+    let fmt_layer = if format == LogFormat::Pretty {
+        tracing_subscriber::fmt::layer()
+            .with_span_events(FmtSpan::NONE)
+            .boxed()
+    } else {
+        json_layer(std::io::stdout).boxed()
+    };
+    let result = tracing_subscriber::registry()
+        .with(filter)
+        .with(TraceIdLayer)
+        .with(otel_layer)
+        .with(fmt_layer)
+        .try_init();
+    if result.is_err() {
+        return false;
     }
+    if let Some(provider) = provider {
+        otel::installed(provider);
+    }
+    tracing::info!(service, exporting, "tracing initialised");
+    debug_assert_eq!(exporting, otel::exporting());
+    true
+}
+
+/// The JSON log lines: one object per event, span fields flattened in, `trace_id` first
+/// inside a traced span ([`logs::WithTraceId`]). Public so a test can capture the lines.
+pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let format = tracing_subscriber::fmt::format()
+        .json()
+        .flatten_event(true)
+        .with_current_span(true)
+        .with_span_list(true);
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(JsonFields::new())
+        .with_span_events(FmtSpan::NONE)
+        .event_format(WithTraceId(format))
+        .with_writer(writer)
 }
 
 /// Installs tracing for tests only when `TEST_LOG` is set, so test output stays readable.

@@ -4,7 +4,8 @@
 //! request line, the replica's `Host`, every end-to-end header as it came, then the
 //! gateway's own — `X-Forwarded-For` (the client's list plus the peer), `X-Forwarded-Proto`
 //! (`https` only when a trusted proxy says so), `X-Request-Id`, a W3C `traceparent` (the
-//! client's if well formed, else a new trace, its `tracestate` dropped) and the signed
+//! client's trace if well formed, else a new trace, its `tracestate` dropped; the parent
+//! is the gateway's request span either way) and the signed
 //! identity, bound to this request line, request id, body and target service
 //! ([`seckill_auth::identity::credential`]) — and the body framed by its `Content-Length`. Never forwarded: hop-by-hop
 //! headers and those `Connection` names, the client's `Authorization` (backends trust only
@@ -20,6 +21,7 @@ use std::net::SocketAddr;
 use axum::http::Method;
 
 use seckill_auth::{IdentitySigner, RequestFacts};
+use seckill_telemetry::TraceParent;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
@@ -39,7 +41,7 @@ pub struct Forward<'a> {
     /// The request id, kept or made by the pipeline.
     pub request_id: &'a [u8],
     /// The trace context travelling on.
-    pub trace: &'a TraceContext<'a>,
+    pub trace: &'a TraceContext,
     /// The verified caller, signed for the backend.
     pub caller: &'a Caller,
     /// Signs the identity for the service the request goes to.
@@ -106,80 +108,55 @@ impl Forward<'_> {
     }
 }
 
-/// The W3C trace context a forwarded request carries: the client's `traceparent` when it is
-/// well formed (the gateway records no spans of its own, so the client's span stays the
-/// parent), otherwise a new sampled trace.
+/// The W3C trace context a forwarded request carries: the trace of the client's
+/// `traceparent` when it is well formed (its `tracestate` forwarded), otherwise a new
+/// sampled trace (a `tracestate` belonged to the discarded trace and is dropped). Either
+/// way the parent named to the replica is the gateway's own request span.
 #[derive(Debug, Clone, Copy)]
-pub enum TraceContext<'a> {
-    /// The client's, forwarded with its `tracestate`.
-    Kept(&'a [u8]),
-    /// A new one; a `tracestate` belonged to the discarded trace and is dropped.
-    New([u8; 55]),
+pub struct TraceContext {
+    /// The `traceparent` sent to the replica.
+    onwards: TraceParent,
+    /// Whether the client's trace is continued (so its `tracestate` goes along).
+    kept: bool,
 }
 
-impl<'a> TraceContext<'a> {
-    /// The context of a request with `head`.
-    pub fn of(head: &'a RequestHead) -> Self {
-        match head.value(Kind::Traceparent) {
-            Some(value) if trace_id_of(value).is_some() => Self::Kept(value),
-            _ => Self::New(new_traceparent()),
+impl TraceContext {
+    /// The context of a request with `head`, continued by the gateway's `span` (whose
+    /// `trace_id` field it records; see [`seckill_telemetry::continue_trace`]).
+    pub fn start(head: &RequestHead, span: &tracing::Span) -> Self {
+        let received = head.value(Kind::Traceparent).and_then(TraceParent::parse);
+        // Only read when spans are exported: the state rides along in the header anyway.
+        let state = match received {
+            Some(_) if seckill_telemetry::exporting() => head
+                .value(Kind::Tracestate)
+                .and_then(|v| std::str::from_utf8(v).ok()),
+            _ => None,
+        };
+        let onwards = seckill_telemetry::continue_trace(span, received.as_ref(), state);
+        Self {
+            onwards,
+            kept: received.is_some(),
         }
     }
 
-    /// The `traceparent` value.
-    pub fn value(&self) -> &[u8] {
-        match self {
-            Self::Kept(value) => value,
-            Self::New(value) => value,
-        }
+    /// The `traceparent` value sent on.
+    pub fn value(&self) -> seckill_telemetry::trace_context::HeaderText {
+        self.onwards.header()
     }
 
     /// The trace id, for the logs.
-    pub fn trace_id(&self) -> &str {
-        // Both variants passed `trace_id_of`'s check or were written as lower-case hex.
-        std::str::from_utf8(&self.value()[3..35]).unwrap_or("-")
+    pub fn trace_id(&self) -> seckill_telemetry::trace_context::TraceIdText {
+        self.onwards.trace_id_hex()
     }
 
     fn write(&self, out: &mut Vec<u8>, head: &RequestHead) {
-        header_line(out, b"traceparent", self.value());
-        if let Self::Kept(_) = self {
+        header_line(out, b"traceparent", self.value().as_bytes());
+        if self.kept {
             for state in head.values(Kind::Tracestate) {
                 header_line(out, b"tracestate", state);
             }
         }
     }
-}
-
-/// A new version-00 `traceparent`, sampled.
-fn new_traceparent() -> [u8; 55] {
-    let mut value = *b"00-00000000000000000000000000000000-0000000000000000-01";
-    // Zero ids are invalid (W3C trace context §3.2.2.3-4); `| 1` rules them out.
-    let (mut trace_id, mut parent_id) = (rand::random::<[u8; 16]>(), rand::random::<[u8; 8]>());
-    trace_id[15] |= 1;
-    parent_id[7] |= 1;
-    seckill_http::write_hex(&trace_id, &mut value[3..35]);
-    seckill_http::write_hex(&parent_id, &mut value[36..52]);
-    value
-}
-
-/// The trace id of a version-00 `traceparent`, if it is well formed.
-fn trace_id_of(value: &[u8]) -> Option<&[u8]> {
-    let lower_hex = |s: &[u8], len: usize| {
-        s.len() == len
-            && s.iter()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-    };
-    let mut parts = value.split(|&b| b == b'-');
-    let (version, trace_id, parent_id, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let ok = parts.next().is_none()
-        && version == b"00"
-        && lower_hex(trace_id, 32)
-        && lower_hex(parent_id, 16)
-        && lower_hex(flags, 2)
-        && trace_id.iter().any(|&b| b != b'0')
-        && parent_id.iter().any(|&b| b != b'0');
-    ok.then_some(trace_id)
 }
 
 #[cfg(test)]
@@ -213,7 +190,7 @@ mod tests {
     /// client sent a valid one.
     fn forwarded(text: &str, peer: &str, trusted: &str, body: &[u8]) -> String {
         let head = head(text);
-        let trace = TraceContext::of(&head);
+        let trace = TraceContext::start(&head, &tracing::Span::none());
         let forward = Forward {
             head: &head,
             body,
@@ -247,6 +224,17 @@ mod tests {
             "",
             b"{}",
         );
+        // The client's trace, with the gateway's span as the parent.
+        let sent = request
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("traceparent: "))
+            .expect("a traceparent");
+        let sent = TraceParent::parse_str(sent).expect("valid");
+        let received = TraceParent::parse_str(VALID).expect("valid");
+        assert_eq!(sent.trace_id, received.trace_id);
+        assert_ne!(sent.span_id, received.span_id);
+        assert_eq!(sent.flags, received.flags);
+        let sent = sent.header();
         assert_eq!(
             lines(&request),
             [
@@ -256,7 +244,7 @@ mod tests {
                 "x-forwarded-for: 203.0.113.5",
                 "x-forwarded-proto: http",
                 "x-request-id: rid-1",
-                &format!("traceparent: {VALID}"),
+                &format!("traceparent: {}", sent.as_str()),
                 "tracestate: v=1",
                 "x-user-id: 42",
                 "x-user-roles: admin",
@@ -310,7 +298,7 @@ mod tests {
                 .split("\r\n")
                 .find_map(|l| l.strip_prefix("traceparent: "))
                 .expect("a traceparent");
-            assert!(trace_id_of(value.as_bytes()).is_some(), "{value}");
+            assert!(TraceParent::parse_str(value).is_some(), "{value}");
         }
     }
 
@@ -319,16 +307,19 @@ mod tests {
         let head = head("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         let mut seen = std::collections::HashSet::new();
         for _ in 0..100 {
-            let trace = TraceContext::of(&head);
-            let value = trace.value().to_vec();
-            assert_eq!(trace_id_of(&value), Some(trace.trace_id().as_bytes()));
-            assert!(value.starts_with(b"00-") && value.ends_with(b"-01"));
-            seen.insert(value);
+            let trace = TraceContext::start(&head, &tracing::Span::none());
+            let value = trace.value();
+            let parsed = TraceParent::parse(value.as_bytes()).expect("valid");
+            assert_eq!(parsed.trace_id_hex(), trace.trace_id());
+            assert!(value.as_str().starts_with("00-") && value.as_str().ends_with("-01"));
+            seen.insert(parsed.trace_id);
         }
         assert_eq!(seen.len(), 100, "every new trace has ids of its own");
         let kept = head_with_trace();
         assert_eq!(
-            TraceContext::of(&kept).trace_id(),
+            TraceContext::start(&kept, &tracing::Span::none())
+                .trace_id()
+                .as_str(),
             "4bf92f3577b34da6a3ce929d0e0e4736"
         );
     }

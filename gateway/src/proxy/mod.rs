@@ -24,7 +24,8 @@ use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
 use crate::http1::{BodyError, ExchangeError, Incoming, Outgoing, Response};
 use crate::refusal;
-use headers::{Forward, TraceContext};
+use headers::Forward;
+pub use headers::TraceContext;
 
 pub use pool::PoolSettings;
 pub use upstream::Upstreams;
@@ -139,21 +140,20 @@ pub async fn forward(
     caller: &Caller,
     incoming: &mut Incoming<'_>,
     request_id: &[u8],
+    trace: &TraceContext,
 ) -> Response {
     let body = match incoming.body().await {
         Ok(body) => body,
         Err(e) => return refuse_body(e),
     };
     let head = incoming.head;
-    let trace = TraceContext::of(head);
-    tracing::Span::current().record("trace_id", trace.trace_id());
     let forward = Forward {
         head,
         body: &body,
         peer: incoming.peer,
         trusted: &state.trusted_proxies,
         request_id,
-        trace: &trace,
+        trace,
         caller,
         signer: state.signer(service),
     };

@@ -6,13 +6,14 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::BasicRejectOptions;
+use tracing::Instrument as _;
 
 use seckill_messaging::OrderMessage;
 use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
 use super::delivery::{Exhausted, Out};
-use super::headers::{attempt_of, delivery_span, retried_at, signature_of};
+use super::headers::{attempt_of, delivery_span, retried_at, signature_of, trace_of};
 use crate::metric_names as names;
 use crate::orders;
 
@@ -67,14 +68,23 @@ impl OrderConsumer {
         let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
         self.retry.record_first_attempts(first);
         let mut parsed = Vec::with_capacity(batch.len());
+        // Each message's consume span, in its own trace; the batch's span links to them.
+        let mut spans = Vec::with_capacity(batch.len());
+        let batch_span =
+            tracing::info_span!("order.batch", service = "order-service", size = batch.len());
         for delivery in batch {
+            let span = delivery_span(&delivery);
+            if let Some(trace) = trace_of(&delivery) {
+                seckill_telemetry::link(&batch_span, &trace);
+            }
             // Checked before the body is read at all: an unsigned or forged message is
             // nobody's purchase, and no retry can make it one.
             if let Err(e) = self.signer.verify(&delivery.data, signature_of(&delivery)) {
-                let span = delivery_span(&delivery);
-                let _entered = span.enter();
-                tracing::error!(error = %e, reason = e.code(), "order message refused, dead-lettering");
+                span.in_scope(|| {
+                    tracing::error!(error = %e, reason = e.code(), "order message refused, dead-lettering");
+                });
                 self.dead_letter(out, &delivery, e.code(), &e.to_string())
+                    .instrument(span)
                     .await;
                 continue;
             }
@@ -83,12 +93,16 @@ impl OrderConsumer {
                 metrics::counter!("orders_unsigned_accepted_total").increment(1);
             }
             match serde_json::from_slice::<OrderMessage>(&delivery.data) {
-                Ok(msg) => parsed.push((delivery, msg)),
+                Ok(msg) => {
+                    parsed.push((delivery, msg));
+                    spans.push(span);
+                }
                 Err(e) => {
-                    let span = delivery_span(&delivery);
-                    let _entered = span.enter();
-                    tracing::error!(error = %e, "unparseable order message, dead-lettering");
+                    span.in_scope(|| {
+                        tracing::error!(error = %e, "unparseable order message, dead-lettering");
+                    });
                     self.dead_letter(out, &delivery, "unparseable", &e.to_string())
+                        .instrument(span)
                         .await;
                 }
             }
@@ -100,7 +114,18 @@ impl OrderConsumer {
         observe_lag(&msgs);
         metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
         let started = std::time::Instant::now();
-        let recorded = orders::record_batch(&self.db, &msgs, self.write).await;
+        // One insert span per message, in its own trace, lasting the batch's transaction.
+        let inserts: Vec<tracing::Span> = parsed
+            .iter()
+            .zip(&spans)
+            .map(|((_, msg), consume)| {
+                tracing::info_span!(parent: consume, "order.insert", service = "order-service", request_id = %msg.request_id)
+            })
+            .collect();
+        let recorded = orders::record_batch(&self.db, &msgs, self.write)
+            .instrument(batch_span)
+            .await;
+        drop(inserts);
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
         // Only the database being unavailable counts against it; a message's own trouble
         // (a lock timeout) does not.
@@ -108,27 +133,28 @@ impl OrderConsumer {
         self.breaker.record(permit, unavailable);
         match recorded {
             Ok(outcomes) => {
-                let settles = parsed
-                    .into_iter()
-                    .zip(outcomes)
-                    .map(|((delivery, msg), outcome)| {
+                let settles = parsed.into_iter().zip(outcomes).zip(spans).map(
+                    |(((delivery, msg), outcome), span)| {
                         self.finish_written(out, delivery, msg, outcome)
-                    });
+                            .instrument(span)
+                    },
+                );
                 futures_util::future::join_all(settles).await;
             }
             Err(e) if !orders::is_database_unavailable(&e) => {
                 tracing::warn!(error = %e, count = msgs.len(), "order batch failed, retrying");
                 let error = e.to_string();
-                let retries = parsed.iter().map(|(delivery, _)| {
+                let retries = parsed.iter().zip(&spans).map(|((delivery, _), span)| {
                     self.retry_later(out, delivery, &error, Exhausted::DeadLetter)
+                        .instrument(span.clone())
                 });
                 futures_util::future::join_all(retries).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, count = msgs.len(), "database unavailable, requeueing");
-                let requeues = parsed
-                    .iter()
-                    .map(|(delivery, _)| self.requeue(out, delivery));
+                let requeues = parsed.iter().zip(&spans).map(|((delivery, _), span)| {
+                    self.requeue(out, delivery).instrument(span.clone())
+                });
                 futures_util::future::join_all(requeues).await;
             }
         }

@@ -18,9 +18,7 @@ use seckill_messaging::{
 use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
-use super::headers::{
-    HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count, delivery_span,
-};
+use super::headers::{HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count};
 use crate::ack_window::AckWindow;
 use crate::metric_names as names;
 use crate::orders::Recorded;
@@ -35,7 +33,8 @@ impl OrderConsumer {
         msg: OrderMessage,
         outcome: Recorded,
     ) {
-        let span = delivery_span(&delivery);
+        // The delivery's consume span (`super::batch` runs this in it).
+        let span = tracing::Span::current();
         let (result, settle) = match outcome {
             Recorded::Created { order_id } => {
                 metrics::counter!(names::ORDERS_CREATED).increment(1);

@@ -5,11 +5,15 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 
 use seckill_messaging::{
-    HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_REQUEST_ID, HEADER_SIGNATURE,
+    HEADER_ATTEMPT, HEADER_DELIVERY_COUNT, HEADER_REQUEST_ID, HEADER_SIGNATURE, HEADER_TRACEPARENT,
+    HEADER_TRACESTATE,
 };
+use seckill_telemetry::TraceParent;
 
-/// A span naming the delivery's message id and the purchase's HTTP request id, so one id
-/// follows a purchase from the gateway to its order in the logs.
+/// The consume span of a delivery: it names the message id and the purchase's HTTP request
+/// id, so one id follows a purchase from the gateway to its order in the logs, and it
+/// continues the trace of the message's `traceparent` header (the publishing span of
+/// seckill-api; kept on retry and dead-letter copies and on redrives), or begins one.
 pub(super) fn delivery_span(delivery: &Delivery) -> tracing::Span {
     let properties = &delivery.properties;
     let message_id = properties
@@ -17,28 +21,45 @@ pub(super) fn delivery_span(delivery: &Delivery) -> tracing::Span {
         .as_ref()
         .map(|m| m.to_string())
         .unwrap_or_default();
-    let request_id = properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(HEADER_REQUEST_ID))
-        .and_then(|v| v.as_long_string())
-        .map(|s| s.to_string())
-        .unwrap_or_default();
-    tracing::info_span!("delivery", message_id, request_id)
+    let request_id = text_header(delivery, HEADER_REQUEST_ID).unwrap_or_default();
+    let span = tracing::info_span!(
+        "order.consume",
+        service = "order-service",
+        message_id,
+        request_id,
+        trace_id = tracing::field::Empty,
+    );
+    let parent = trace_of(delivery);
+    seckill_telemetry::continue_trace(
+        &span,
+        parent.as_ref(),
+        text_header(delivery, HEADER_TRACESTATE),
+    );
+    span
 }
 
-/// The order signature a delivery carries, if any (a string header).
-pub(super) fn signature_of(delivery: &Delivery) -> Option<&str> {
+/// The trace context a delivery's `traceparent` header names, if well formed.
+pub(super) fn trace_of(delivery: &Delivery) -> Option<TraceParent> {
+    text_header(delivery, HEADER_TRACEPARENT).and_then(TraceParent::parse_str)
+}
+
+/// A text header of a delivery.
+fn text_header<'a>(delivery: &'a Delivery, name: &str) -> Option<&'a str> {
     delivery
         .properties
         .headers()
         .as_ref()
-        .and_then(|h| h.inner().get(HEADER_SIGNATURE))
+        .and_then(|h| h.inner().get(name))
         .and_then(|v| match v {
             AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
             AMQPValue::ShortString(s) => Some(s.as_str()),
             _ => None,
         })
+}
+
+/// The order signature a delivery carries, if any (a string header).
+pub(super) fn signature_of(delivery: &Delivery) -> Option<&str> {
+    text_header(delivery, HEADER_SIGNATURE)
 }
 
 /// Header of a retry: when it was published to its tier (unix ms).

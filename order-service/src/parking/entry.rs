@@ -91,6 +91,8 @@ pub struct Arrival {
     pub last_error: String,
     /// Deliveries it had.
     pub attempts: i32,
+    /// The W3C trace context it carried, published again by a redrive.
+    pub traceparent: Option<String>,
 }
 
 impl Arrival {
@@ -136,6 +138,8 @@ impl Arrival {
             last_error: text(seckill_messaging::HEADER_ERROR_MESSAGE)
                 .unwrap_or_else(|| "rejected without a reason (see x-death)".to_string()),
             attempts,
+            traceparent: text(seckill_messaging::HEADER_TRACEPARENT)
+                .filter(|t| seckill_telemetry::TraceParent::parse_str(t).is_some()),
         }
     }
 }

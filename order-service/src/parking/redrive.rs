@@ -9,12 +9,16 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use sqlx::PgPool;
 
 use seckill_messaging::{
-    CONFIRM_TIMEOUT, ConfirmedPublisher, HEADER_ATTEMPT, HEADER_SIGNATURE, PublishError, Topology,
+    CONFIRM_TIMEOUT, ConfirmedPublisher, HEADER_ATTEMPT, HEADER_SIGNATURE, HEADER_TRACEPARENT,
+    PublishError, Topology,
 };
 
 use super::pace::RedrivePace;
 use super::selection::{ParkingError, Report, Selection};
 use super::store::{audit, select_ids};
+
+/// A redriven entry's body, redrive count, signature and traceparent.
+type Redriven = (Vec<u8>, i32, Option<String>, Option<String>);
 
 /// AMQP header of a redriven message: how many times the operator redrove it.
 pub const HEADER_REDRIVE: &str = "x-redrive";
@@ -119,16 +123,17 @@ impl Redriver {
         operator: &str,
     ) -> Result<bool, String> {
         let mut tx = db.begin().await.map_err(|e| e.to_string())?;
-        let row: Option<(Vec<u8>, i32, Option<String>)> = sqlx::query_as(
+        let row: Option<Redriven> = sqlx::query_as(
             "UPDATE dead_letters SET status = 'redriven', redrives = redrives + 1, operator = $2 \
-             WHERE event_id = $1 AND status = 'pending' RETURNING body, redrives, signature",
+             WHERE event_id = $1 AND status = 'pending' \
+             RETURNING body, redrives, signature, traceparent",
         )
         .bind(event_id)
         .bind(operator)
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| e.to_string())?;
-        let Some((body, redrives, signature)) = row else {
+        let Some((body, redrives, signature, traceparent)) = row else {
             return Ok(false);
         };
         let mut headers = FieldTable::default();
@@ -144,6 +149,13 @@ impl Redriver {
             headers.insert(
                 ShortString::from(HEADER_SIGNATURE),
                 AMQPValue::LongString(signature.into()),
+            );
+        }
+        // The purchase's trace goes on: the order a redrive makes belongs to the click.
+        if let Some(traceparent) = traceparent {
+            headers.insert(
+                ShortString::from(HEADER_TRACEPARENT),
+                AMQPValue::LongString(traceparent.into()),
             );
         }
         let properties = BasicProperties::default()

@@ -36,12 +36,13 @@ pub async fn record(
     }
     sqlx::query_scalar(
         "INSERT INTO dead_letters \
-             (event_id, user_id, product_id, body, error_code, last_error, attempts, signature) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $9) \
+             (event_id, user_id, product_id, body, error_code, last_error, attempts, signature, \
+              traceparent) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $9, $10) \
          ON CONFLICT (event_id) DO UPDATE SET \
              error_code = EXCLUDED.error_code, last_error = EXCLUDED.last_error, \
              attempts = EXCLUDED.attempts, body = EXCLUDED.body, last_attempt = now(), \
-             signature = EXCLUDED.signature, \
+             signature = EXCLUDED.signature, traceparent = EXCLUDED.traceparent, \
              status = CASE WHEN dead_letters.status <> 'redriven' THEN dead_letters.status \
                            WHEN dead_letters.redrives >= $8 THEN 'quarantined' \
                            ELSE 'pending' END \
@@ -56,6 +57,7 @@ pub async fn record(
     .bind(arrival.attempts)
     .bind(quarantine_after)
     .bind(&arrival.signature)
+    .bind(&arrival.traceparent)
     .fetch_one(db)
     .await
 }

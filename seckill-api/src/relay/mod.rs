@@ -39,9 +39,11 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{
     Confirm, ConfirmedPublisher, Health, NotTaken, OrderSigner, PublishError, Supervised,
-    Supervisor, Topology,
+    Supervisor, Topology, TraceHeaders,
 };
 use seckill_store::RedisKeys;
+use seckill_telemetry::TraceParent;
+use tracing::Instrument as _;
 
 use crate::metric_names as names;
 
@@ -452,6 +454,24 @@ impl Relay {
         let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
         let request_id: String = entry.get("request_id").unwrap_or_default();
         let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
+        // The purchase's trace, stored with the entry: this publish joins it however late
+        // it comes and whichever replica makes it. An entry of an older version has none.
+        let stored: Option<String> = entry.get("traceparent");
+        let stored = stored.as_deref().and_then(TraceParent::parse_str);
+        let tracestate: String = entry.get("tracestate").unwrap_or_default();
+        let span = tracing::info_span!(
+            "outbox.publish",
+            service = "seckill-api",
+            request_id = %request_id,
+            trace_id = tracing::field::Empty,
+        );
+        let onwards = stored.map(|stored| {
+            seckill_telemetry::continue_trace(&span, Some(&stored), Some(&tracestate)).header()
+        });
+        let trace = TraceHeaders {
+            traceparent: onwards.as_ref().map_or("", |h| h.as_str()),
+            tracestate: if onwards.is_some() { &tracestate } else { "" },
+        };
         publisher
             .send_order(
                 &self.signer,
@@ -459,7 +479,9 @@ impl Relay {
                 &request_id,
                 &http_request_id,
                 &payload,
+                trace,
             )
+            .instrument(span)
             .await
             .context("publish")
     }

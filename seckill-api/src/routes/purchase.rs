@@ -10,8 +10,9 @@ use uuid::Uuid;
 
 use seckill_auth::Identity;
 use seckill_http::{ErrorBody, PathId};
-use seckill_messaging::OrderMessage;
+use seckill_messaging::{OrderMessage, TraceHeaders};
 use seckill_store::PurchaseResult;
+use tracing::Instrument as _;
 
 use crate::error::ApiError;
 use crate::idempotency::{Claim, Idempotency, Ticket};
@@ -237,16 +238,27 @@ async fn deliver(
     request_id: Uuid,
     http_request_id: &str,
     intent: Option<Intent>,
+    purchase_trace: Option<&seckill_telemetry::Carried>,
 ) {
     let stream = state.keys.outbox(product_id, bucket);
     let durable_in = match (&state.publisher, intent) {
         (Some(publisher), Some(intent)) => {
+            // The publish is a span of the request, and the message's parent.
+            let span = tracing::info_span!("outbox.deliver", %request_id);
+            let carried = seckill_telemetry::carried(&span).or_else(|| purchase_trace.cloned());
+            let traceparent = carried.as_ref().map(|c| c.traceparent.header());
+            let trace = TraceHeaders {
+                traceparent: traceparent.as_ref().map_or("", |h| h.as_str()),
+                tracestate: carried.as_ref().map_or("", |c| c.tracestate.as_str()),
+            };
             let published = publisher
                 .publish(
                     &request_id.to_string(),
                     http_request_id,
                     intent.payload.as_bytes(),
+                    trace,
                 )
+                .instrument(span)
                 .await;
             match published {
                 Ok(()) => {
@@ -311,6 +323,17 @@ async fn decide(
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    // The purchase script's span: its context is what the outbox entry carries, so the
+    // order's spans join the click's trace whoever publishes it, and when.
+    let span = tracing::info_span!("stock.purchase", %request_id);
+    let received = headers
+        .get(seckill_telemetry::TRACEPARENT)
+        .and_then(|v| seckill_telemetry::TraceParent::parse(v.as_bytes()));
+    let tracestate = headers
+        .get(seckill_telemetry::TRACESTATE)
+        .and_then(|v| v.to_str().ok());
+    let carried = seckill_telemetry::carried_or(&span, received.as_ref(), tracestate);
+    let traceparent = carried.as_ref().map(|c| c.traceparent.header());
     let decision = state
         .stock
         .purchase(&PurchaseRequest {
@@ -319,7 +342,10 @@ async fn decide(
             request_id,
             message: &message,
             http_request_id,
+            traceparent: traceparent.as_ref().map_or("", |h| h.as_str()),
+            tracestate: carried.as_ref().map_or("", |c| c.tracestate.as_str()),
         })
+        .instrument(span)
         .await?;
     match decision {
         Decision::Accepted { bucket, intent } => {
@@ -330,6 +356,7 @@ async fn decide(
                 request_id,
                 http_request_id,
                 intent,
+                carried.as_ref(),
             )
             .await;
             Ok(request_id)

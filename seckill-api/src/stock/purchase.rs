@@ -58,6 +58,10 @@ pub struct PurchaseRequest<'a> {
     pub message: &'a OrderMessage,
     /// The HTTP request id, kept with the intent for tracing.
     pub http_request_id: &'a str,
+    /// The purchase's W3C `traceparent`, kept with the intent ('' for none).
+    pub traceparent: &'a str,
+    /// Its `tracestate` ('' for none).
+    pub tracestate: &'a str,
 }
 
 /// What the home bucket said.
@@ -107,6 +111,8 @@ impl StockEngine {
             request_id: &request_id,
             payload: &payload,
             http_request_id: req.http_request_id,
+            traceparent: req.traceparent,
+            tracestate: req.tracestate,
         };
         let mut conn = self.redis.get().await?;
         let answered = self

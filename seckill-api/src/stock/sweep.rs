@@ -62,6 +62,8 @@ impl StockEngine {
                 request_id: &request_id,
                 payload: &payload,
                 http_request_id: req.http_request_id,
+                traceparent: req.traceparent,
+                tracestate: req.tracestate,
             };
             let mut took = self.take(id, bucket, &purchase, &reservation).await;
             if matches!(took, Ok(Took::NotLoaded)) {

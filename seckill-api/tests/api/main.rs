@@ -15,3 +15,4 @@ mod purchase;
 mod relay;
 mod resilience;
 mod startup;
+mod trace_context;

@@ -18,7 +18,8 @@
 //! - `takers` hash: user id → `<reservation ms>:<request id>`, for units this bucket gave to
 //!   a sweep of a user homed elsewhere, so the unit is found again if the sweep dies.
 //! - `outbox` stream: entries `request_id`, `payload` (the order message), `http_request_id`
-//!   of accepted purchases not yet confirmed by RabbitMQ. It never expires.
+//!   and, when the purchase was traced, `traceparent` (and `tracestate`) of accepted
+//!   purchases not yet confirmed by RabbitMQ. It never expires.
 //! - `results` hash: user id → [`crate::PurchaseResult`] text, for the users homed here.
 //! - `returns` hash: event id → ledger version of given-up purchases whose unit came back here.
 //! - the product's `state` hash: `gen` (bumped whenever units go back on sale), `sold_out`

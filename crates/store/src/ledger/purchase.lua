@@ -12,6 +12,8 @@
 -- KEYS[4] results hash (user id -> buyer-visible result)
 -- ARGV[1] user id, ARGV[2] request id, ARGV[3] order message JSON, ARGV[4] HTTP request id
 -- ARGV[5] ms after which a reservation counts as abandoned (its sweep cannot take any more)
+-- ARGV[6] W3C traceparent of the purchase, ARGV[7] its tracestate ('' or absent: none), kept
+--         in the outbox entry so the relay publishes it in the trace of the click
 -- Returns {code, detail}, detail '' unless said otherwise:
 --   { 1, entry id} accepted from the home bucket; the order intent is that outbox entry
 --   { 0} the home bucket is dry (nothing reserved; the caller sweeps the other buckets)
@@ -41,7 +43,16 @@ if tonumber(stock[1]) <= 0 then
 end
 redis.call('HINCRBY', KEYS[1], 'remaining', -1)
 redis.call('HSET', KEYS[2], ARGV[1], 'h:' .. ARGV[2])
-local entry = redis.call('XADD', KEYS[3], '*', 'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4])
+local fields = {'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4]}
+if ARGV[6] and ARGV[6] ~= '' then
+  table.insert(fields, 'traceparent')
+  table.insert(fields, ARGV[6])
+  if ARGV[7] and ARGV[7] ~= '' then
+    table.insert(fields, 'tracestate')
+    table.insert(fields, ARGV[7])
+  end
+end
+local entry = redis.call('XADD', KEYS[3], '*', unpack(fields))
 redis.call('HSET', KEYS[4], ARGV[1], 'queued:' .. ARGV[2])
 -- Markers and results outlive the sale by a while (expire_at), then free the memory.
 for _, key in ipairs({KEYS[2], KEYS[4]}) do

@@ -24,6 +24,10 @@ pub struct Purchase<'a> {
     pub payload: &'a str,
     /// The HTTP request id, kept with the entry for tracing.
     pub http_request_id: &'a str,
+    /// The purchase's W3C `traceparent`, kept in the entry for the relay ('' for none).
+    pub traceparent: &'a str,
+    /// Its `tracestate` ('' for none).
+    pub tracestate: &'a str,
 }
 
 /// What `purchase.lua` said of the home bucket.
@@ -64,6 +68,8 @@ impl Ledger {
             .arg(p.payload)
             .arg(p.http_request_id)
             .arg(stale.as_millis() as u64)
+            .arg(p.traceparent)
+            .arg(p.tracestate)
             .invoke_async(conn)
             .await?;
         Ok(match code {

@@ -86,6 +86,8 @@ impl Ledger {
             .arg(p.http_request_id)
             .arg(reservation.at())
             .arg(fence.as_millis() as u64)
+            .arg(p.traceparent)
+            .arg(p.tracestate)
             .invoke_async(conn)
             .await?;
         Ok(match code {

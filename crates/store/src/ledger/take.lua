@@ -6,6 +6,7 @@
 -- KEYS[3] outbox stream of this bucket
 -- ARGV[1] user id, ARGV[2] request id, ARGV[3] order message JSON, ARGV[4] HTTP request id
 -- ARGV[5] the reservation time (ms, from reserve.lua), ARGV[6] fence ms
+-- ARGV[7] W3C traceparent of the purchase, ARGV[8] its tracestate ('' or absent: none)
 -- Returns {code, detail}: {1, outbox entry id} taken; {0, ''} this bucket is dry; {-2, ''}
 -- the sale window closed; {-3, ''} not loaded; {-4, ''} the reservation is older than the
 -- fence (nothing taken).
@@ -29,5 +30,14 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[5] .. ':' .. ARGV[2])
 if redis.call('PTTL', KEYS[2]) == -1 then
   redis.call('PEXPIREAT', KEYS[2], stock[3])
 end
-local entry = redis.call('XADD', KEYS[3], '*', 'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4])
+local fields = {'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4]}
+if ARGV[7] and ARGV[7] ~= '' then
+  table.insert(fields, 'traceparent')
+  table.insert(fields, ARGV[7])
+  if ARGV[8] and ARGV[8] ~= '' then
+    table.insert(fields, 'tracestate')
+    table.insert(fields, ARGV[8])
+  end
+end
+local entry = redis.call('XADD', KEYS[3], '*', unpack(fields))
 return {1, entry}

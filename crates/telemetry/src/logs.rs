@@ -1,0 +1,124 @@
+//! The JSON log line's `trace_id`: a layer remembers each span's `trace_id` field, and the
+//! JSON format writes the innermost one first on every line emitted inside such a span.
+
+use std::fmt;
+
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+/// The span field naming the trace a span belongs to.
+pub const TRACE_ID_FIELD: &str = "trace_id";
+
+/// A span's trace id, as recorded in its `trace_id` field.
+#[derive(Debug, Clone)]
+struct SpanTraceId(String);
+
+/// Keeps each span's `trace_id` field in the span's extensions, for [`WithTraceId`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TraceIdLayer;
+
+struct Find(Option<String>);
+
+impl Visit for Find {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        // Only a plain id: it is written into the JSON line unescaped.
+        if field.name() == TRACE_ID_FIELD
+            && !value.is_empty()
+            && value.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            self.0 = Some(value.to_string());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == TRACE_ID_FIELD {
+            self.record_str(field, &format!("{value:?}"));
+        }
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for TraceIdLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().fields().field(TRACE_ID_FIELD).is_none() {
+            return;
+        }
+        let mut find = Find(None);
+        attrs.record(&mut find);
+        if let (Some(trace_id), Some(span)) = (find.0, ctx.span(id)) {
+            span.extensions_mut().insert(SpanTraceId(trace_id));
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let mut find = Find(None);
+        values.record(&mut find);
+        if let (Some(trace_id), Some(span)) = (find.0, ctx.span(id)) {
+            span.extensions_mut().replace(SpanTraceId(trace_id));
+        }
+    }
+}
+
+/// A JSON event format that writes `"trace_id"` first on a line emitted inside a span with
+/// a trace id (the innermost one), and the line exactly as `F` writes it otherwise.
+#[derive(Debug, Clone)]
+pub struct WithTraceId<F>(pub F);
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceId<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let trace_id = ctx.event_scope().and_then(|scope| {
+            scope
+                .into_iter()
+                .find_map(|span| span.extensions().get::<SpanTraceId>().cloned())
+        });
+        let Some(SpanTraceId(trace_id)) = trace_id else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::with_capacity(256);
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        match line.strip_prefix('{') {
+            Some(rest) => write!(writer, "{{\"trace_id\":\"{trace_id}\",{rest}"),
+            None => writer.write_str(&line),
+        }
+    }
+}
+
+/// The trace id recorded on `span` or the nearest of its ancestors (with export off, the
+/// only place a span's trace is known).
+pub(crate) fn trace_id_in_scope(span: &tracing::Span) -> Option<[u8; 16]> {
+    let hex = span
+        .with_subscriber(|(id, dispatch)| {
+            let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>()?;
+            let span = registry.span(id)?;
+            span.scope()
+                .find_map(|s| s.extensions().get::<SpanTraceId>().map(|t| t.0.clone()))
+        })
+        .flatten()?;
+    let hex = hex.as_bytes();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, byte) in id.iter_mut().enumerate() {
+        let pair = std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?;
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    (id != [0; 16]).then_some(id)
+}

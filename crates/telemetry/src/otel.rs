@@ -1,0 +1,226 @@
+//! OpenTelemetry: the OTLP exporter the standard variables ask for, and how a span joins a
+//! trace it received as a `traceparent`.
+//!
+//! - `OTEL_EXPORTER_OTLP_ENDPOINT` unset or empty: no exporter and no OpenTelemetry layer,
+//!   so spans cost what they cost without it. Traces are still continued: the trace id of a
+//!   received (or new) `traceparent` is recorded on the span (`trace_id`) and sent onwards.
+//! - `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (default) or `grpc`.
+//! - `OTEL_SERVICE_NAME`: the service name, else the service's own.
+//!
+//! Spans are batched (a Tokio task sends them) and flushed by [`shutdown_tracing`]. The
+//! global propagator is W3C TraceContext.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use opentelemetry::Context;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::trace_context::TraceParent;
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// Whether spans are exported (an OpenTelemetry layer is installed).
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// The provider the standard variables ask for, `None` when `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// is unset or empty.
+pub fn provider_from_env(service: &str) -> anyhow::Result<Option<SdkTracerProvider>> {
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
+    if endpoint.trim().is_empty() {
+        return Ok(None);
+    }
+    let protocol = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_default();
+    let exporter = match protocol.trim() {
+        "" | "http/protobuf" => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .build()?,
+        "grpc" => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()?,
+        other => anyhow::bail!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not supported (http/protobuf or grpc)"
+        ),
+    };
+    tokio::runtime::Handle::try_current().context("the batch exporter runs on a Tokio runtime")?;
+    let processor =
+        opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+            exporter,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .build();
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource(service))
+            .build(),
+    ))
+}
+
+/// The resource naming the service: `OTEL_SERVICE_NAME`, else `service`.
+pub fn resource(service: &str) -> Resource {
+    let name = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|name| !name.trim().is_empty())
+        .unwrap_or_else(|| service.to_string());
+    Resource::builder().with_service_name(name).build()
+}
+
+/// The layer that hands spans to `provider`, for a subscriber built by hand (a test with an
+/// in-memory exporter); [`crate::init_tracing`] builds its own.
+pub fn layer<S>(provider: &SdkTracerProvider, service: &str) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer(service.to_string()))
+        .with_tracked_inactivity(false)
+}
+
+/// Marks spans as exported through `provider`: call once the subscriber with
+/// [`layer`]`(provider)` is the global one (the W3C propagator is installed too).
+pub fn installed(provider: SdkTracerProvider) {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    let _ = PROVIDER.set(provider);
+    EXPORTING.store(true, Ordering::Relaxed);
+}
+
+/// Sends the spans still batched and stops the exporter; call once before exiting. Does
+/// nothing when spans are not exported.
+pub async fn shutdown_tracing() {
+    let Some(provider) = PROVIDER.get().cloned() else {
+        return;
+    };
+    // The batch task runs on this runtime while a blocking thread waits for it.
+    let flushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+    if let Ok(Err(e)) = flushed {
+        eprintln!("OpenTelemetry shutdown: {e}");
+    }
+}
+
+/// Makes `span` continue the trace of `parent` (a received `traceparent`, with its
+/// `tracestate`), or begin a new trace when there is none, and records the trace id in its
+/// `trace_id` field (declare it `trace_id = tracing::field::Empty`). Returns the context to
+/// send onwards: the same trace, with `span` as the parent.
+///
+/// With export on, `span` must not have been entered yet (its parent is fixed then); with
+/// export off this costs a random span id and nothing else.
+pub fn continue_trace(
+    span: &tracing::Span,
+    parent: Option<&TraceParent>,
+    tracestate: Option<&str>,
+) -> TraceParent {
+    if exporting() && !span.is_disabled() {
+        let cx = match parent {
+            Some(parent) => Context::new().with_remote_span_context(remote(parent, tracestate)),
+            None => Context::new(),
+        };
+        let _ = span.set_parent(cx);
+        let own = span.context().span().span_context().clone();
+        if own.is_valid() {
+            let onwards = TraceParent {
+                trace_id: own.trace_id().to_bytes(),
+                span_id: own.span_id().to_bytes(),
+                flags: own.trace_flags().to_u8(),
+            };
+            span.record(crate::TRACE_ID_FIELD, onwards.trace_id_hex().as_str());
+            return onwards;
+        }
+    }
+    let onwards = parent.map_or_else(TraceParent::new_root, TraceParent::child);
+    span.record(crate::TRACE_ID_FIELD, onwards.trace_id_hex().as_str());
+    onwards
+}
+
+/// A trace context to carry onwards, in an outbox entry or in message headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carried {
+    /// The `traceparent`: `span`'s own context (with export off: its trace, and a new span
+    /// id standing for it).
+    pub traceparent: TraceParent,
+    /// The `tracestate`, empty when there is none.
+    pub tracestate: String,
+}
+
+/// The context that names `span` as the parent of what it sends on, `None` when `span`
+/// belongs to no trace (no traced ancestor and no export).
+pub fn carried(span: &tracing::Span) -> Option<Carried> {
+    if exporting() && !span.is_disabled() {
+        let cx = span.context();
+        let own = cx.span().span_context().clone();
+        if own.is_valid() {
+            return Some(Carried {
+                traceparent: TraceParent {
+                    trace_id: own.trace_id().to_bytes(),
+                    span_id: own.span_id().to_bytes(),
+                    flags: own.trace_flags().to_u8(),
+                },
+                tracestate: own.trace_state().header(),
+            });
+        }
+    }
+    let trace_id = crate::logs::trace_id_in_scope(span)
+        .or_else(|| crate::logs::trace_id_in_scope(&tracing::Span::current()))?;
+    let traceparent = TraceParent {
+        trace_id,
+        span_id: [0; 8],
+        flags: 0x01,
+    }
+    .child();
+    Some(Carried {
+        traceparent,
+        tracestate: String::new(),
+    })
+}
+
+/// [`carried`] of `span`, or else the context received (`received`, with its
+/// `tracestate`) continued by a new span id: what a service sends on even when its spans are
+/// disabled (no subscriber, or filtered out) and so cannot say which trace they are in.
+pub fn carried_or(
+    span: &tracing::Span,
+    received: Option<&TraceParent>,
+    tracestate: Option<&str>,
+) -> Option<Carried> {
+    carried(span).or_else(|| {
+        received.map(|received| Carried {
+            traceparent: received.child(),
+            tracestate: tracestate.unwrap_or_default().to_string(),
+        })
+    })
+}
+
+/// Links `span` to the span `other` names (a batch span to each message's trace); nothing
+/// when spans are not exported.
+pub fn link(span: &tracing::Span, other: &TraceParent) {
+    if exporting() {
+        span.add_link(remote(other, None));
+    }
+}
+
+/// The remote span context a `traceparent` names.
+fn remote(parent: &TraceParent, tracestate: Option<&str>) -> SpanContext {
+    let state = tracestate
+        .and_then(|s| s.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    SpanContext::new(
+        TraceId::from_bytes(parent.trace_id),
+        SpanId::from_bytes(parent.span_id),
+        TraceFlags::new(parent.flags),
+        true,
+        state,
+    )
+}

@@ -1,0 +1,93 @@
+//! The JSON log lines carry the trace id of the span they are emitted in.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use seckill_telemetry::{TraceIdLayer, TraceParent, continue_trace, json_layer};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// A writer whose output the test reads back.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self) -> Vec<serde_json::Value> {
+        let bytes = self.0.lock().expect("lock").clone();
+        String::from_utf8(bytes)
+            .expect("utf-8")
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+            .collect()
+    }
+}
+
+fn with_logs(f: impl FnOnce()) -> Vec<serde_json::Value> {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(TraceIdLayer)
+        .with(json_layer(move || writer.clone()));
+    tracing::subscriber::with_default(subscriber, f);
+    captured.lines()
+}
+
+#[test]
+fn a_line_inside_a_traced_span_carries_its_trace_id() {
+    let parent = TraceParent::parse_str("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .expect("valid");
+    let lines = with_logs(|| {
+        tracing::info!("before any span");
+        let span =
+            tracing::info_span!("http", request_id = "r-1", trace_id = tracing::field::Empty);
+        let onwards = continue_trace(&span, Some(&parent), None);
+        assert_eq!(onwards.trace_id, parent.trace_id);
+        assert_ne!(
+            onwards.span_id, parent.span_id,
+            "this span is the next parent"
+        );
+        let _entered = span.enter();
+        tracing::info!(answer = 42, "inside");
+        let inner = tracing::info_span!("order.insert", order = 7);
+        let _inner = inner.enter();
+        tracing::warn!("nested");
+    });
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].get("trace_id").is_none(), "{}", lines[0]);
+    for line in &lines[1..] {
+        assert_eq!(
+            line["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+            "{line}"
+        );
+    }
+    // The rest of the format is unchanged: fields flattened, the span and span list.
+    assert_eq!(lines[1]["answer"], 42);
+    assert_eq!(lines[1]["message"], "inside");
+    assert_eq!(lines[1]["span"]["request_id"], "r-1");
+    assert_eq!(lines[2]["spans"].as_array().expect("span list").len(), 2);
+    assert_eq!(lines[2]["level"], "WARN");
+}
+
+#[test]
+fn a_span_without_a_received_trace_starts_one() {
+    let lines = with_logs(|| {
+        let span = tracing::info_span!("delivery", trace_id = tracing::field::Empty);
+        let started = continue_trace(&span, None, None);
+        let _entered = span.enter();
+        tracing::info!(expected = %started.trace_id_hex(), "inside");
+    });
+    assert_eq!(lines.len(), 1);
+    let trace_id = lines[0]["trace_id"].as_str().expect("a trace id");
+    assert_eq!(trace_id.len(), 32);
+    assert_eq!(lines[0]["expected"], trace_id);
+}
