@@ -21,8 +21,8 @@ use utoipa::openapi::{Components, RefOr};
 use crate::proxy;
 use crate::ratelimit::is_purchase;
 
-/// The committed contract, as served at `GET /openapi.json`.
-pub const DOCUMENT: &str = include_str!("../../docs/openapi.json");
+/// The committed contract, as served at `GET /openapi.json` (kept beside its handler).
+pub use crate::ops::OPENAPI_DOCUMENT as DOCUMENT;
 
 /// The name of the bearer security scheme; admin operations require it with the role
 /// `admin`.

@@ -86,9 +86,12 @@ pub async fn healthz() -> axum::Json<Health> {
 pub async fn openapi_json() -> impl axum::response::IntoResponse {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        crate::openapi::DOCUMENT,
+        OPENAPI_DOCUMENT,
     )
 }
+
+/// The committed contract, `docs/openapi.json` ([`crate::openapi`] generates and checks it).
+pub const OPENAPI_DOCUMENT: &str = include_str!("../../docs/openapi.json");
 
 /// Serves `router` (the operator endpoints) on `listener` until `cancel`.
 pub async fn serve_admin(

@@ -77,6 +77,15 @@ pub const AUTOMATIC_TRANSITIONS: [(State, State); 4] = [
     (State::HalfOpen, State::Closed),
 ];
 
+/// Registers the counters of [`AUTOMATIC_TRANSITIONS`] at zero, so the alert on an opening
+/// breaker has a series to read before the first one.
+pub fn register_transition_counters() {
+    for (from, to) in AUTOMATIC_TRANSITIONS {
+        metrics::counter!(names::BREAKER_TRANSITIONS, "from" => from.label(), "to" => to.label())
+            .increment(0);
+    }
+}
+
 /// How the window is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Window {

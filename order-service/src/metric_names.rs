@@ -122,10 +122,6 @@ pub fn describe(topology: &Topology) {
         // Registered, a histogram renders (with empty buckets) before its first retry.
         let _ = metrics::histogram!(ORDERS_RETRY_LATENCY, "tier" => tier_label(delay_ms));
     }
-    for (from, to) in crate::breaker::AUTOMATIC_TRANSITIONS {
-        metrics::counter!(BREAKER_TRANSITIONS, "from" => from.label(), "to" => to.label())
-            .increment(0);
-    }
     metrics::gauge!(CONSUMER_PAUSED).increment(0.0);
     metrics::gauge!(ORDERS_CONSUMER_LAG).increment(0.0);
 }

@@ -116,6 +116,7 @@ impl Application {
             every: settings.queue_watch,
         };
         crate::metric_names::describe(&consumer.topology);
+        crate::breaker::register_transition_counters();
         let compensator = Compensator {
             db: consumer.db.clone(),
             redis: consumer.redis.clone(),
