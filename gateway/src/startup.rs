@@ -14,6 +14,7 @@ use crate::auth::{self, Authenticator};
 use crate::http1::{ConnectionLimits, HeadLimits, Outgoing};
 use crate::in_flight::{InFlight, Purchases};
 use crate::pipeline::Pipeline;
+use crate::proxy::upstream::Replica;
 use crate::proxy::{PoolSettings, ProxyState, Service, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve;
@@ -181,24 +182,21 @@ impl Application {
     }
 }
 
-/// Ready when one replica of each upstream answers `/healthz`.
+/// Ready when one replica of each upstream answers `/healthz` (tried in rotation order: one
+/// hung replica behind a name does not make the gateway unready while another serves).
 fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
     let probe = |upstreams: Arc<Upstreams>| -> Probe {
         Arc::new(move || {
             let upstreams = upstreams.clone();
             Box::pin(async move {
-                let replica = upstreams.first();
-                let pool = replica.pool();
-                let request = format!("GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", pool.host());
-                let response = pool
-                    .exchange(Outgoing::new(request.as_bytes()))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if response.status.is_success() {
-                    Ok(())
-                } else {
-                    Err(format!("answered {}", response.status))
+                let mut last = String::from("no replica");
+                for replica in upstreams.all().iter() {
+                    match probe_replica(replica).await {
+                        Ok(()) => return Ok(()),
+                        Err(e) => last = e,
+                    }
                 }
+                Err(last)
             })
         })
     };
@@ -206,4 +204,19 @@ fn readiness_probes(state: &ProxyState) -> Vec<(&'static str, Probe)> {
         ("seckill-api", probe(state.seckill_api.clone())),
         ("order-service", probe(state.order_service.clone())),
     ]
+}
+
+/// One replica's `/healthz`.
+async fn probe_replica(replica: &Replica) -> Result<(), String> {
+    let pool = replica.pool();
+    let request = format!("GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", pool.host());
+    let response = pool
+        .exchange(Outgoing::new(request.as_bytes()))
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {}", response.status))
+    }
 }

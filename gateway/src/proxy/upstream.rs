@@ -159,7 +159,9 @@ impl Source {
             .trim_end_matches(']')
             .parse::<IpAddr>()
             .is_ok();
-        if literal || !resolve_names {
+        // `localhost` names this host whichever family answers: re-resolving it would make
+        // 127.0.0.1 and ::1 two replicas, one of which an IPv4-bound backend always refuses.
+        if literal || !resolve_names || host.eq_ignore_ascii_case("localhost") {
             return Self::Fixed(replica);
         }
         Self::Named {
@@ -320,9 +322,14 @@ impl Upstreams {
         local.replicas.clone()
     }
 
-    /// The first replica (readiness probes).
+    /// The first replica.
     pub fn first(&self) -> Arc<Replica> {
         self.replicas()[0].clone()
+    }
+
+    /// Every replica in rotation (the readiness probe tries them in turn).
+    pub fn all(&self) -> Arc<[Arc<Replica>]> {
+        self.replicas()
     }
 
     /// How many replicas are in rotation.
