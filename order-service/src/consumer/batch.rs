@@ -111,7 +111,13 @@ impl OrderConsumer {
             return;
         }
         let msgs: Vec<OrderMessage> = parsed.iter().map(|(_, msg)| msg.clone()).collect();
-        observe_lag(&msgs);
+        // First deliveries only: a retry's age includes its wait in the tiers by design.
+        observe_lag(
+            parsed
+                .iter()
+                .filter(|(delivery, _)| attempt_of(delivery) == 0)
+                .map(|(_, msg)| msg),
+        );
         metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
         let started = std::time::Instant::now();
         // One insert span per message, in its own trace, lasting the batch's transaction.
@@ -195,17 +201,18 @@ impl OrderConsumer {
     }
 }
 
-/// Sets `orders_consumer_lag_seconds`: how long ago the oldest purchase of this batch was
-/// accepted (a retried one counts its wait in the tiers too: it is lag all the same).
-fn observe_lag(msgs: &[OrderMessage]) {
+/// Sets `orders_consumer_lag_seconds`: how long ago the oldest purchase among this batch's
+/// first deliveries was accepted. Retries are left out (their age includes the tier's
+/// delay, which is no backlog); a batch of retries only leaves the gauge as it was.
+fn observe_lag<'a>(msgs: impl Iterator<Item = &'a OrderMessage>) {
     let now = chrono::Utc::now();
-    let lag = msgs
-        .iter()
+    let Some(lag) = msgs
         .map(|msg| (now - msg.created_at).num_milliseconds())
         .max()
-        .unwrap_or(0)
-        .max(0);
-    metrics::gauge!(names::ORDERS_CONSUMER_LAG).set(lag as f64 / 1000.0);
+    else {
+        return;
+    };
+    metrics::gauge!(names::ORDERS_CONSUMER_LAG).set(lag.max(0) as f64 / 1000.0);
 }
 
 /// Records `orders_retry_latency_seconds` for each delivery coming back from a retry tier:
@@ -238,7 +245,7 @@ mod tests {
             bucket: None,
         };
         metrics::with_local_recorder(&recorder, || {
-            observe_lag(&[accepted(3), accepted(90), accepted(10)]);
+            observe_lag([accepted(3), accepted(90), accepted(10)].iter());
         });
         let text = handle.render();
         let lag: f64 = text
@@ -247,5 +254,14 @@ mod tests {
             .and_then(|value| value.parse().ok())
             .unwrap_or_else(|| panic!("no lag in {text}"));
         assert!((90.0..91.0).contains(&lag), "lag {lag}");
+    }
+
+    #[test]
+    fn a_batch_without_first_deliveries_leaves_the_lag_alone() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || observe_lag(std::iter::empty()));
+        let text = handle.render();
+        assert!(!text.contains("orders_consumer_lag_seconds"), "{text}");
     }
 }
