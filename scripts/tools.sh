@@ -36,6 +36,12 @@ command -v st >/dev/null 2>&1 || pip_pkgs+=(schemathesis)
 python3 -c 'import openapi_spec_validator' >/dev/null 2>&1 || pip_pkgs+=(openapi-spec-validator)
 if ((${#pip_pkgs[@]} > 0)); then
     command -v python3 >/dev/null 2>&1 || die "missing ${pip_pkgs[*]} and no python3 to install them"
+    # Debian's python3 comes without pip.
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        say "installing python3-pip (apt-get)"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-pip
+    fi
     say "installing ${pip_pkgs[*]} (pip)"
     python3 -m pip install -q "${pip_pkgs[@]}" ||
         python3 -m pip install -q --user --break-system-packages "${pip_pkgs[@]}"
