@@ -122,7 +122,8 @@ async fn the_backend_sees_a_trace_context_and_the_forwarding_headers() {
     // The client is not a trusted proxy: it cannot claim https.
     assert_eq!(seen["x-forwarded-proto"], "http");
 
-    // One sent: it travels on unchanged.
+    // One sent: the trace continues (same trace id and flags) with the gateway's span as
+    // the backend's parent.
     let theirs = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let response = gateway
         .get("/api/orders")
@@ -131,5 +132,10 @@ async fn the_backend_sees_a_trace_context_and_the_forwarding_headers() {
         .send()
         .await
         .expect("request");
-    assert_eq!(seen_headers(response).await["traceparent"], theirs);
+    let forwarded = seen_headers(response).await["traceparent"].clone();
+    let parts: Vec<&str> = forwarded.split('-').collect();
+    assert_eq!(parts.len(), 4, "{forwarded}");
+    assert_eq!(parts[1], "4bf92f3577b34da6a3ce929d0e0e4736", "{forwarded}");
+    assert_ne!(parts[2], "00f067aa0ba902b7", "the gateway's own span: {forwarded}");
+    assert_eq!(parts[3], "01");
 }
