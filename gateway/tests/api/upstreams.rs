@@ -136,6 +136,9 @@ async fn the_backend_sees_a_trace_context_and_the_forwarding_headers() {
     let parts: Vec<&str> = forwarded.split('-').collect();
     assert_eq!(parts.len(), 4, "{forwarded}");
     assert_eq!(parts[1], "4bf92f3577b34da6a3ce929d0e0e4736", "{forwarded}");
-    assert_ne!(parts[2], "00f067aa0ba902b7", "the gateway's own span: {forwarded}");
+    assert_ne!(
+        parts[2], "00f067aa0ba902b7",
+        "the gateway's own span: {forwarded}"
+    );
     assert_eq!(parts[3], "01");
 }
