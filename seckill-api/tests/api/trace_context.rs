@@ -59,14 +59,29 @@ async fn the_outbox_entry_carries_the_traceparent_and_the_relay_publishes_it() {
     // The entry holds the purchase's context: the client's trace, a span of its own.
     let client_trace = TraceParent::parse_str(CLIENT_TRACE).expect("valid");
     let mut redis = ns.redis().await;
-    let stream = ns.keys().outbox(product, 0);
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut redis)
+    // The unit came from the buyer's home bucket or, when that one was dry, from another:
+    // look in every bucket's outbox for the one entry.
+    let buckets: i16 = sqlx::query_scalar("SELECT stock_buckets FROM products WHERE id = $1")
+        .bind(product)
+        .fetch_one(&ns.db().await)
         .await
-        .expect("xrange");
+        .expect("stock_buckets");
+    let mut found = Vec::new();
+    for bucket in 0..u16::try_from(buckets).expect("positive") {
+        let stream = ns.keys().outbox(product, bucket);
+        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut redis)
+            .await
+            .expect("xrange");
+        if !entries.ids.is_empty() {
+            found.push((stream, entries));
+        }
+    }
+    assert_eq!(found.len(), 1, "one outbox holds the purchase");
+    let (stream, entries) = found.pop().expect("one");
     assert_eq!(entries.ids.len(), 1);
     let stored: String = entries.ids[0]
         .get("traceparent")
