@@ -38,6 +38,14 @@ pub async fn spawn_platform() -> Platform {
 
 /// The platform with order-service's settings adjusted by `configure`.
 pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Settings)) -> Platform {
+    spawn_platform_configured(configure, |_| {}).await
+}
+
+/// The platform with order-service's and the gateway's settings adjusted.
+pub async fn spawn_platform_configured(
+    configure_orders: impl FnOnce(&mut order_service::Settings),
+    configure_gateway: impl FnOnce(&mut gateway::Settings),
+) -> Platform {
     let ns = TestNamespace::new();
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
@@ -58,7 +66,7 @@ pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Sett
         port: 0,
         ..order_service::Settings::default()
     };
-    configure(&mut order_settings);
+    configure_orders(&mut order_settings);
     let orders = order_service::Application::build(order_settings)
         .await
         .expect("build order-service");
@@ -66,7 +74,7 @@ pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Sett
     stops.push(orders.shutdown_token());
     tasks.push(tokio::spawn(orders.run_until_stopped()));
 
-    let gateway = gateway::Application::build(gateway::Settings {
+    let mut gateway_settings = gateway::Settings {
         host: "127.0.0.1".into(),
         port: 0,
         admin_port: 0,
@@ -75,9 +83,11 @@ pub async fn spawn_platform_with(configure: impl FnOnce(&mut order_service::Sett
         seckill_api_urls: vec![seckill_api.clone()],
         order_service_urls: vec![order_service.clone()],
         ..gateway::Settings::default()
-    })
-    .await
-    .expect("build gateway");
+    };
+    configure_gateway(&mut gateway_settings);
+    let gateway = gateway::Application::build(gateway_settings)
+        .await
+        .expect("build gateway");
     let gateway_url = format!("http://127.0.0.1:{}", gateway.port());
     let gateway_admin = format!("http://127.0.0.1:{}", gateway.admin_port());
     stops.push(gateway.shutdown_token());
@@ -278,57 +288,7 @@ pub async fn final_result(platform: &Platform, product: i64, token: &str) -> Val
 pub async fn spawn_platform_with_gateway(
     configure: impl FnOnce(&mut gateway::Settings),
 ) -> Platform {
-    let ns = TestNamespace::new();
-    let mut stops = Vec::new();
-    let mut tasks = Vec::new();
-    let api = seckill_api::Application::build(seckill_api::Settings {
-        backend: ns.backend_settings(),
-        port: 0,
-        ..seckill_api::Settings::default()
-    })
-    .await
-    .expect("build seckill-api");
-    let seckill_api = format!("http://127.0.0.1:{}", api.port());
-    stops.push(api.shutdown_token());
-    tasks.push(tokio::spawn(api.run_until_stopped()));
-    let orders = order_service::Application::build(order_service::Settings {
-        backend: ns.backend_settings(),
-        port: 0,
-        ..order_service::Settings::default()
-    })
-    .await
-    .expect("build order-service");
-    let order_service = format!("http://127.0.0.1:{}", orders.port());
-    stops.push(orders.shutdown_token());
-    tasks.push(tokio::spawn(orders.run_until_stopped()));
-    let mut settings = gateway::Settings {
-        host: "127.0.0.1".into(),
-        port: 0,
-        admin_port: 0,
-        jwt_secret: Secret::new(JWT_SECRET),
-        internal_key: Secret::new(INTERNAL_KEY),
-        seckill_api_urls: vec![seckill_api.clone()],
-        order_service_urls: vec![order_service.clone()],
-        ..gateway::Settings::default()
-    };
-    configure(&mut settings);
-    let gateway = gateway::Application::build(settings)
-        .await
-        .expect("build gateway");
-    let gateway_url = format!("http://127.0.0.1:{}", gateway.port());
-    let gateway_admin = format!("http://127.0.0.1:{}", gateway.admin_port());
-    stops.push(gateway.shutdown_token());
-    tasks.push(tokio::spawn(gateway.run_until_stopped()));
-    Platform {
-        gateway: gateway_url,
-        gateway_admin,
-        seckill_api,
-        order_service,
-        ns,
-        client: reqwest::Client::new(),
-        stops,
-        tasks,
-    }
+    spawn_platform_configured(|_| {}, configure).await
 }
 
 /// The platform as `scripts/up.sh` runs it for load tools: one address sends thousands of
