@@ -157,6 +157,24 @@ impl TestNamespace {
             .message_count()
     }
 
+    /// Consumers the broker counts on `queue`. A consumer whose connection died is removed
+    /// in the same step that requeues its unacknowledged deliveries, so 0 here means they
+    /// are back in the queue (and in [`Self::queue_depth`]).
+    pub async fn queue_consumers(&self, channel: &lapin::Channel, queue: &str) -> u32 {
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("passive declare")
+            .consumer_count()
+    }
+
     /// Drops the database, deletes the Redis keys and the AMQP objects.
     pub async fn cleanup(self) {
         let _ = seckill_store::postgres::drop_database(&self.database_url).await;

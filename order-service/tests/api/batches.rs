@@ -110,7 +110,17 @@ async fn kill_9_mid_batch_redelivers_and_loses_or_duplicates_nothing() {
         "killed too late to prove anything ({at_kill} written)"
     );
 
-    // Its unacked deliveries go back to the queue; a fresh consumer finishes the job.
+    // Its unacked deliveries go back to the queue when the broker sees its connection
+    // gone. Killed near the end, they may be all that is left: a fresh consumer started
+    // before that would find the queue empty and stop at once.
+    let queue = ns.topology().queue;
+    eventually(
+        "the broker dropped the killed consumer",
+        Duration::from_secs(30),
+        || async { (ns.queue_consumers(&channel, &queue).await == 0).then_some(()) },
+    )
+    .await;
+    // A fresh consumer finishes the job.
     let mut again = crate::helpers::spawn_app_in(ns.clone()).await;
     again.stop_when_drained().await;
     let (orders, distinct): (i64, i64) = sqlx::query_as(
