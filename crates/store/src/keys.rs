@@ -74,6 +74,13 @@ impl RedisKeys {
         self.product(product_id, "state")
     }
 
+    /// The pub/sub channel on which `reopen.lua` announces `<product id> <gen>` whenever units
+    /// of a product go back on sale (see [`crate::reopened`]). A channel, not a key: in a
+    /// Redis Cluster a publish reaches the subscribers of every node.
+    pub fn reopened_channel(&self) -> String {
+        format!("{}:reopened", self.ns)
+    }
+
     /// The lazy-load lock.
     pub fn load_lock(&self, product_id: i64) -> String {
         self.product(product_id, "load-lock")

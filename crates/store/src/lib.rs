@@ -7,6 +7,7 @@
 //! - [`ledger`] — the Redis stock ledger: what every bucket key and marker means, every Lua
 //!   script that changes them, and a typed [`ledger::Ledger`] handle on them.
 //! - [`result`] — the buyer-visible purchase result as stored in Redis.
+//! - [`reopened`] — following the announcements of units going back on sale.
 //! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster.
 //! - [`probes`] — readiness checks of the stores.
 
@@ -15,6 +16,7 @@ pub mod ledger;
 pub mod postgres;
 pub mod probes;
 pub mod redis_handle;
+pub mod reopened;
 pub mod result;
 
 pub use keys::{RedisKeys, home_bucket};

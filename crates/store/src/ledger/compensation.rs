@@ -102,6 +102,8 @@ pub async fn give_back(
     let _: i64 = scripts()
         .reopen
         .key(keys.product_state(id))
+        .arg(keys.reopened_channel())
+        .arg(id)
         .invoke_async(&mut conn)
         .await?;
     Ok(match outcome {
