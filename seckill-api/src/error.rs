@@ -6,6 +6,16 @@ use axum::response::{IntoResponse, Response};
 
 use seckill_http::error_response;
 
+/// A product's sold-out flag, as it stood when a purchase was refused: the generation under
+/// which it went up. Any unit put back on sale bumps the generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SoldOutFlag {
+    /// The product.
+    pub product_id: i64,
+    /// Its generation when the flag went up.
+    pub generation: u64,
+}
+
 /// Everything a handler can answer besides success.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -21,9 +31,10 @@ pub enum ApiError {
     /// 409: the first request with this `Idempotency-Key` has not finished yet.
     #[error("request in progress")]
     RequestInProgress,
-    /// 410: nothing left.
+    /// 410: nothing left; with the flag that says so, when one does (its header tells
+    /// the gateway).
     #[error("sold out")]
-    SoldOut,
+    SoldOut(Option<SoldOutFlag>),
     /// 422: outside the product's sale window.
     #[error("the sale is not active")]
     ActivityNotActive,
@@ -85,7 +96,7 @@ impl ApiError {
                 "request_in_progress",
                 "a request with this Idempotency-Key is still being processed",
             ),
-            Self::SoldOut => (StatusCode::GONE, "sold_out", "sold out"),
+            Self::SoldOut(_) => (StatusCode::GONE, "sold_out", "sold out"),
             Self::ActivityNotActive => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "activity_not_active",
@@ -135,6 +146,16 @@ impl IntoResponse for ApiError {
         }
         let (status, code, message) = self.parts();
         let mut response = error_response(status, code, message);
+        if let Self::SoldOut(Some(flag)) = &self
+            && let Ok(value) = axum::http::HeaderValue::from_str(&format!(
+                "{} {}",
+                flag.product_id, flag.generation
+            ))
+        {
+            response
+                .headers_mut()
+                .insert(seckill_http::SOLD_OUT_HEADER, value);
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()

@@ -14,6 +14,9 @@ pub const PURCHASES: &str = "seckill_purchases_total";
 /// Accepted purchases, by `durable_in` (`broker`: published before the 202; `outbox`: left
 /// to the relay).
 pub const ACCEPTED: &str = "seckill_accepted_total";
+/// 1 while the replica is subscribed to the announcements of units going back on sale
+/// (its local sold-out flags then come down at once, not only after their TTL).
+pub const SOLD_OUT_FOLLOWING: &str = "seckill_sold_out_following";
 /// Age of the oldest outbox entry not yet confirmed by the broker, by `replica`.
 pub const OUTBOX_OLDEST_AGE: &str = "outbox_oldest_age_seconds";
 /// Entries over all outbox streams, at the relay's last safety scan.

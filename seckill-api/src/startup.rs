@@ -39,7 +39,47 @@ pub struct Application {
     outbox_age: OutboxAge,
     publisher: Option<OrderPublisher>,
     catalog_sync: CatalogSync,
+    /// Lowers the local sold-out flags when units go back on sale.
+    reopened: Reopened,
     cancel: CancellationToken,
+}
+
+/// Where units going back on sale are announced, and the local flags that must hear it.
+#[derive(Debug)]
+struct Reopened {
+    urls: Vec<String>,
+    channel: String,
+    flags: Cache<i64, u64>,
+}
+
+impl Reopened {
+    /// Follows the announcements until `cancel`: a reopened product's flag comes down at
+    /// once; every flag does whenever announcements may have been missed.
+    async fn run(self, cancel: CancellationToken) {
+        use seckill_store::reopened::Event;
+        let flags = self.flags;
+        let following = metrics::gauge!(crate::metric_names::SOLD_OUT_FOLLOWING);
+        seckill_store::reopened::follow(
+            self.urls,
+            self.channel,
+            cancel,
+            move |event| match event {
+                Event::Reopened { product_id, .. } => {
+                    let flags = flags.clone();
+                    tokio::spawn(async move { flags.invalidate(&product_id).await });
+                }
+                Event::Subscribed => {
+                    flags.invalidate_all();
+                    following.set(1.0);
+                }
+                Event::Lost => {
+                    flags.invalidate_all();
+                    following.set(0.0);
+                }
+            },
+        )
+        .await;
+    }
 }
 
 impl Application {
@@ -78,6 +118,10 @@ impl Application {
             )
         });
 
+        let sold_out = Cache::builder()
+            .max_capacity(10_000)
+            .time_to_live(settings.sold_out_local_ttl)
+            .build();
         let state = AppState {
             catalog: Catalog::new(
                 db.clone(),
@@ -113,10 +157,7 @@ impl Application {
                 "seckill-api",
                 settings.backend.identity_window,
             ),
-            sold_out: Cache::builder()
-                .max_capacity(10_000)
-                .time_to_live(settings.sold_out_local_ttl)
-                .build(),
+            sold_out: sold_out.clone(),
             relay_hints: relay_hints.clone(),
             publisher: publisher.clone(),
             default_buckets: settings.stock_buckets,
@@ -168,6 +209,14 @@ impl Application {
             every: relay.scan_every,
         };
         crate::metric_names::describe(&outbox_age.replica);
+        let reopened = Reopened {
+            urls: seckill_store::reopened::urls(
+                settings.backend.redis_url.expose(),
+                settings.backend.redis_cluster,
+            ),
+            channel: relay.keys.reopened_channel(),
+            flags: sold_out,
+        };
         Ok(Self {
             listener,
             port,
@@ -176,6 +225,7 @@ impl Application {
             outbox_age,
             publisher,
             catalog_sync,
+            reopened,
             cancel: CancellationToken::new(),
         })
     }
@@ -198,6 +248,7 @@ impl Application {
         let relay = tokio::spawn(self.relay.run(cancel.clone()));
         // Only reads: stopped with the token, nothing to finish.
         tokio::spawn(self.outbox_age.run(cancel.clone()));
+        tokio::spawn(self.reopened.run(cancel.clone()));
         // The publisher's connection closes with the token; handlers that still publish fall
         // back to the outbox, which the next start's relay drains.
         if let Some(publisher) = self.publisher {

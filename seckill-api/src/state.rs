@@ -26,9 +26,11 @@ pub struct AppState {
     pub keys: RedisKeys,
     /// Verifies the gateway's identity credentials (the routes' middleware holds it).
     pub identity: IdentityVerifier,
-    /// Products this replica saw sold out recently: answered 410 without Redis or Lua.
-    /// Short-lived (`sold_out_local_ttl_ms`), because a cancelled order can put a unit back.
-    pub sold_out: Cache<i64, ()>,
+    /// Products this replica saw sold out recently, with the generation of their flag:
+    /// answered 410 without Redis or Lua. Forgotten when units go back on sale (announced
+    /// on the reopened channel, see `seckill_store::reopened`) and in any case after
+    /// `sold_out_local_ttl_ms`, should an announcement be missed.
+    pub sold_out: Cache<i64, u64>,
     /// `Idempotency-Key` records.
     pub idempotency: Idempotency,
     /// Tells the outbox relay which stream an accepted purchase went to.

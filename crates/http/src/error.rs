@@ -17,6 +17,12 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// Header of seckill-api's `410 sold_out` answers backed by the product's sold-out flag:
+/// `<product id> <gen>`, the generation under which the flag went up. The gateway learns
+/// from it to answer the product's purchases itself until units go back on sale (a newer
+/// generation is announced), and answers with it too.
+pub const SOLD_OUT_HEADER: &str = "seckill-sold-out";
+
 /// Builds an error response in the contract's shape.
 pub fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let body = ErrorBody {

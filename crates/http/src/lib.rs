@@ -13,7 +13,7 @@ pub mod ops;
 pub mod request_metrics;
 pub mod shutdown;
 
-pub use error::{ErrorBody, JsonBody, PathId, QueryParams, error_response};
+pub use error::{ErrorBody, JsonBody, PathId, QueryParams, SOLD_OUT_HEADER, error_response};
 
 /// Whether `text` is a non-empty run of ASCII letters, digits and `-_.:` — safe to carry in
 /// a header, a log field, a comma-separated list or an AMQP header without escaping.

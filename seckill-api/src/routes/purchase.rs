@@ -14,7 +14,7 @@ use seckill_messaging::{OrderMessage, TraceHeaders};
 use seckill_store::PurchaseResult;
 use tracing::Instrument as _;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, SoldOutFlag};
 use crate::idempotency::{Claim, Idempotency, Ticket};
 use crate::relay;
 use crate::state::AppState;
@@ -217,7 +217,7 @@ async fn run(
     let outcome = decide(state, identity, product_id, headers, request_id).await;
     let label = match &outcome {
         Ok(_) => "accepted",
-        Err(ApiError::SoldOut) => "sold_out",
+        Err(ApiError::SoldOut(_)) => "sold_out",
         Err(ApiError::AlreadyPurchased) => "already_purchased",
         Err(ApiError::ActivityNotActive) => "not_active",
         Err(ApiError::ProductNotFound) => "not_found",
@@ -307,9 +307,12 @@ async fn decide(
     if !product.is_active(now) {
         return Err(ApiError::ActivityNotActive);
     }
-    if state.sold_out.contains_key(&product_id) {
+    if let Some(generation) = state.sold_out.get(&product_id).await {
         metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "local").increment(1);
-        return Err(ApiError::SoldOut);
+        return Err(ApiError::SoldOut(Some(SoldOutFlag {
+            product_id,
+            generation,
+        })));
     }
     let message = OrderMessage {
         request_id,
@@ -363,12 +366,15 @@ async fn decide(
         }
         Decision::AlreadyPurchased => Err(ApiError::AlreadyPurchased),
         Decision::NotActive => Err(ApiError::ActivityNotActive),
-        Decision::SoldOut { flagged } => {
+        Decision::SoldOut { flag } => {
             // Not remembered when a unit came back during the sweep: it is on sale again.
-            if flagged {
-                state.sold_out.insert(product_id, ()).await;
+            if let Some(generation) = flag {
+                state.sold_out.insert(product_id, generation).await;
             }
-            Err(ApiError::SoldOut)
+            Err(ApiError::SoldOut(flag.map(|generation| SoldOutFlag {
+                product_id,
+                generation,
+            })))
         }
     }
 }

@@ -26,9 +26,10 @@ pub enum Decision {
     },
     /// No units left.
     SoldOut {
-        /// The product's sold-out flag is up in Redis, so a replica may remember it for a
-        /// moment. False when a unit went back on sale during the sweep (the flag refused).
-        flagged: bool,
+        /// The product's sold-out flag is up in Redis, under this generation, so a replica
+        /// may remember it for a moment. `None` when a unit went back on sale during the
+        /// sweep (the flag refused).
+        flag: Option<u64>,
     },
     /// This user already holds a unit.
     AlreadyPurchased,

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use seckill_store::ledger::{LedgerError, Purchase, Reservation, ReservationEnd, TakeAnswer};
+use seckill_store::reopened;
 
 use super::engine::{StockEngine, record_lua};
 use super::purchase::{Decision, Intent, PurchaseRequest, payload};
@@ -35,7 +36,9 @@ impl StockEngine {
         let (sold_out, generation) = self.ledger.sale_state(&mut conn, id).await?;
         if sold_out {
             metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "redis").increment(1);
-            return Ok(Decision::SoldOut { flagged: true });
+            return Ok(Decision::SoldOut {
+                flag: Some(reopened::generation(&generation)),
+            });
         }
         metrics::counter!("seckill_bucket_sweeps_total").increment(1);
         let started = Instant::now();
@@ -116,7 +119,9 @@ impl StockEngine {
             return Err(e);
         }
         let flagged = self.raise_sold_out(product, &generation).await?;
-        Ok(Decision::SoldOut { flagged })
+        Ok(Decision::SoldOut {
+            flag: flagged.then(|| reopened::generation(&generation)),
+        })
     }
 
     /// One sweep step on `bucket`.
