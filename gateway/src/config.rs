@@ -187,6 +187,12 @@ pub struct Settings {
     pub client_first_byte_timeout: Duration,
     /// Purchases one verified user may have in flight at once; the next gets 429.
     pub max_purchases_per_user: usize,
+    /// How long the gateway answers a sold-out product's purchases `410` itself after a
+    /// replica said so (`sold_out_ttl_ms`; see `crate::sold_out`): at most the replicas'
+    /// own `sold_out_local_ttl_ms`, and forgotten at once when units go back on sale
+    /// (announced on Redis pub/sub at `redis_url`). 0: every purchase is forwarded.
+    #[serde(rename = "sold_out_ttl_ms", with = "seckill_config::formats::millis")]
+    pub sold_out_ttl: Duration,
     /// Development only: run even though a secret is its public default
     /// (`SECKILL_ALLOW_DEV_SECRETS`; see `seckill_config::refuse_public_secrets`).
     pub allow_dev_secrets: bool,
@@ -272,6 +278,9 @@ impl Default for Settings {
             max_connections_per_ip: 512,
             client_first_byte_timeout: Duration::from_secs(10),
             max_purchases_per_user: 2,
+            // seckill-api's `sold_out_local_ttl_ms`: the edge holds a sold-out answer no
+            // longer than a replica's own flag does.
+            sold_out_ttl: Duration::from_millis(500),
             allow_dev_secrets: false,
             admin_host: "127.0.0.1".into(),
             admin_port: 9080,

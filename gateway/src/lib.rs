@@ -23,6 +23,7 @@
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
+//! - [`sold_out`] — a sold-out product's purchases answered here, until units come back.
 //! - [`proxy`] — route table, upstream selection and ejection, request forwarding, the
 //!   upstream connection pool.
 
@@ -40,6 +41,7 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod refusal;
 pub mod serve;
+pub mod sold_out;
 pub mod startup;
 
 pub use config::Settings;

@@ -17,11 +17,13 @@
 //!    admin route;
 //! 6. **body** — read whole, under the deadline (413, 400, 408), only now: a refused
 //!    request's body is never waited for;
-//! 7. **bounds** — only once the body is in, so that clients trickling bodies hold no
+//! 7. **sold out** — a purchase of a product a replica just answered `410 sold_out` for is
+//!    answered the same here, until units of it go back on sale ([`crate::sold_out`]);
+//! 8. **bounds** — only once the body is in, so that clients trickling bodies hold no
 //!    place: past `max_purchases_per_user` purchases of this user under way, 429; past
 //!    `max_in_flight` requests, an immediate 503 (`Retry-After: 1`); never a queue
 //!    ([`crate::in_flight`]);
-//! 8. **forward** to a replica ([`crate::proxy::forward`]).
+//! 9. **forward** to a replica ([`crate::proxy::forward`]); a purchase's `410` teaches step 7.
 //!
 //! Every response, shed ones included, is counted in `http_requests_total` and timed in
 //! `http_request_duration_seconds` under the owning service's name (`unmatched` when none).
@@ -52,6 +54,7 @@ use crate::http1::{BodyState, Framing, Handler, HeadError, Incoming, Kind, Respo
 use crate::in_flight::{InFlight, Purchases};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
+use crate::sold_out::{self, SoldOutEdge};
 use crate::{ops, refusal};
 
 /// Everything a request needs on its way through the gateway: the application's
@@ -73,6 +76,8 @@ pub struct Pipeline {
     pub purchases: Purchases,
     /// Deadline for a whole request (504 beyond).
     pub request_timeout: Duration,
+    /// Products whose purchases are answered `410` here.
+    pub sold_out: Arc<SoldOutEdge>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -187,7 +192,7 @@ impl Handler for Pipeline {
 }
 
 impl Pipeline {
-    /// Steps 3 to 8: who, rate limit, route, body, bounds, forward.
+    /// Steps 3 to 9: who, rate limit, route, body, sold out, bounds, forward.
     async fn admit(
         &self,
         incoming: &mut Incoming<'_>,
@@ -258,7 +263,14 @@ impl Pipeline {
         if let Err(e) = incoming.body().await {
             return proxy::refuse_body(e);
         }
-        let _purchase = if is_purchase(incoming.head.method(), incoming.head.path()) {
+        let purchase = is_purchase(incoming.head.method(), incoming.head.path());
+        let product = purchase
+            .then(|| sold_out::product_of(incoming.head.path()))
+            .flatten();
+        if let Some(answer) = product.and_then(|id| self.sold_out.answer(id)) {
+            return answer;
+        }
+        let _purchase = if purchase {
             match self.purchases.enter(caller.user_id) {
                 Some(purchase) => Some(purchase),
                 None => {
@@ -277,7 +289,7 @@ impl Pipeline {
             metrics::counter!("gateway_shed_total").increment(1);
             return refusal::unavailable("overloaded, retry shortly");
         };
-        proxy::forward(
+        let response = proxy::forward(
             &self.proxy,
             route.service,
             &caller,
@@ -285,7 +297,11 @@ impl Pipeline {
             request_id,
             trace,
         )
-        .await
+        .await;
+        if let Some(id) = product {
+            self.sold_out.learn(id, &response);
+        }
+        response
     }
 }
 

@@ -18,6 +18,7 @@ use crate::proxy::upstream::Replica;
 use crate::proxy::{PoolSettings, ProxyState, Service, Upstreams};
 use crate::ratelimit::RateLimits;
 use crate::serve;
+use crate::sold_out::SoldOutEdge;
 
 /// A built, not yet running, gateway.
 #[derive(Debug)]
@@ -85,6 +86,7 @@ impl Application {
             in_flight: InFlight::new(settings.max_in_flight),
             purchases: Purchases::new(settings.max_purchases_per_user),
             request_timeout: settings.request_timeout,
+            sold_out: Arc::new(SoldOutEdge::new(settings.sold_out_ttl)),
         });
 
         let listener = TcpListener::bind((settings.host.as_str(), settings.port))
@@ -99,6 +101,14 @@ impl Application {
         let admin_addr = admin.local_addr()?;
         // Only now: a build that failed leaves no task behind.
         housekeeping.spawn_housekeeping(cancel.clone());
+        if pipeline.sold_out.enabled() {
+            tokio::spawn(crate::sold_out::follow(
+                pipeline.sold_out.clone(),
+                seckill_store::reopened::urls(settings.redis_url.expose(), settings.redis_cluster),
+                seckill_store::RedisKeys::new(&settings.namespace).reopened_channel(),
+                cancel.clone(),
+            ));
+        }
         for upstreams in [&pipeline.proxy.seckill_api, &pipeline.proxy.order_service] {
             upstreams
                 .start_resolver(

@@ -46,17 +46,28 @@ pub async fn spawn_platform_configured(
     configure_orders: impl FnOnce(&mut order_service::Settings),
     configure_gateway: impl FnOnce(&mut gateway::Settings),
 ) -> Platform {
+    spawn_platform_tuned(|_| {}, configure_orders, configure_gateway).await
+}
+
+/// The platform with every service's settings adjusted.
+pub async fn spawn_platform_tuned(
+    configure_api: impl FnOnce(&mut seckill_api::Settings),
+    configure_orders: impl FnOnce(&mut order_service::Settings),
+    configure_gateway: impl FnOnce(&mut gateway::Settings),
+) -> Platform {
     let ns = TestNamespace::new();
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
 
-    let api = seckill_api::Application::build(seckill_api::Settings {
+    let mut api_settings = seckill_api::Settings {
         backend: ns.backend_settings(),
         port: 0,
         ..seckill_api::Settings::default()
-    })
-    .await
-    .expect("build seckill-api");
+    };
+    configure_api(&mut api_settings);
+    let api = seckill_api::Application::build(api_settings)
+        .await
+        .expect("build seckill-api");
     let seckill_api = format!("http://127.0.0.1:{}", api.port());
     stops.push(api.shutdown_token());
     tasks.push(tokio::spawn(api.run_until_stopped()));
@@ -74,7 +85,13 @@ pub async fn spawn_platform_configured(
     stops.push(orders.shutdown_token());
     tasks.push(tokio::spawn(orders.run_until_stopped()));
 
+    let backend = ns.backend_settings();
     let mut gateway_settings = gateway::Settings {
+        // The backends' Redis and namespace: the reopened announcements, and the keys of
+        // the `redis` rate-limit backend when a test picks it.
+        redis_url: backend.redis_url.clone(),
+        redis_cluster: backend.redis_cluster,
+        namespace: backend.namespace.clone(),
         host: "127.0.0.1".into(),
         port: 0,
         admin_port: 0,
