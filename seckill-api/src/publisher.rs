@@ -11,8 +11,8 @@
 //! then, the `202`'s durability is Redis' own (`SECKILL_API_REQUIRE_DURABLE_REDIS` checks
 //! Redis' persistence at start).
 //!
-//! Pipelining: handlers hand their messages to a few publishing workers, one channel each
-//! (`publish_channels`). A worker takes every message waiting for it, publishes them back to
+//! Pipelining: handlers hand their messages to publishing workers, one channel each
+//! (`publish_channels`, one by default). A worker takes every message waiting for it, publishes them back to
 //! back, waits for all their confirms (so the broker acknowledges many at once), and only
 //! then answers each handler. lapin attaches a `mandatory` message the broker returned to
 //! whichever confirm it resolves next, so which message of a batch came back is unknowable:
