@@ -604,9 +604,9 @@ ratios() { # ratios A B: A/B throughput by round, then the median
     local list
     list=$(awk -F'\t' -v a="$1" -v b="$2" '
         NR > 1 { rps[$1, $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
-        END { for (i = 1; i <= n; i++) if (rps[order[i], b] > 0) printf "%.3f\n", rps[order[i], a] / rps[order[i], b] }' "$RESULTS")
+        END { for (i = 1; i <= n; i++) if (rps[order[i], b] > 0) printf "%.6f\n", rps[order[i], a] / rps[order[i], b] }' "$RESULTS")
     [ -n "$list" ] || { echo "n/a"; return; }
-    printf '%s (median **%.2f×**)' "$(echo "$list" | awk '{ printf "%s%.2f", NR > 1 ? " " : "", $1 }')" "$(echo "$list" | median)"
+    printf '%s (median **%.2f×**)' "$(echo "$list" | awk '{ printf "%s%.2f", (NR > 1 ? " " : ""), $1 }')" "$(echo "$list" | median)"
 }
 
 echo
