@@ -85,6 +85,11 @@ impl MemoryQuota {
         self.config.limiter().retain_recent();
         self.config.limiter().shrink_to_fit();
     }
+
+    /// Keys with a bucket in memory now.
+    pub fn keys(&self) -> usize {
+        self.config.limiter().len()
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +121,34 @@ mod tests {
         // Another key has a bucket of its own.
         assert!(matches!(
             quota.check(&RateKey::User(2)),
+            Decision::Allowed { remaining: 1 }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_crowd_of_one_shot_buyers_is_forgotten_once_their_buckets_refill() {
+        // A flash sale's crowd: each buyer charged once, never again.
+        let quota = MemoryQuota::new(QuotaSpec {
+            route: "t",
+            per_sec: 1000,
+            burst: 2,
+        });
+        for user in 0..10_000 {
+            assert!(matches!(
+                quota.check(&RateKey::User(user)),
+                Decision::Allowed { .. }
+            ));
+        }
+        assert_eq!(quota.keys(), 10_000);
+        // A bucket one request below full refills in 1 ms at this rate.
+        seckill_testkit::eventually("every idle key forgotten", Duration::from_secs(5), || {
+            quota.forget_idle();
+            std::future::ready((quota.keys() == 0).then_some(()))
+        })
+        .await;
+        // A key charged again starts over with a full bucket.
+        assert!(matches!(
+            quota.check(&RateKey::User(1)),
             Decision::Allowed { remaining: 1 }
         ));
     }

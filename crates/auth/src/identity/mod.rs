@@ -9,10 +9,12 @@
 //! can neither invent an identity nor reuse one it captured for another request.
 //!
 //! Layout: [`credential`] — the signed fields and the gateway's [`IdentitySigner`];
-//! [`verify`] — the backends' [`IdentityVerifier`] and the middleware that runs it; here —
+//! [`verify`] — the backends' [`IdentityVerifier`] and the middleware that runs it;
+//! `replay` — its bounded memory of the signatures already accepted; here —
 //! the headers, [`Identity`] and the extractors handlers take.
 
 pub mod credential;
+mod replay;
 pub mod verify;
 
 use axum::extract::FromRequestParts;

@@ -14,6 +14,7 @@
 //! process and bounded: a replay to another replica of the same service, or one after the
 //! cache had to evict under a flood, is only refused by the window.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -23,21 +24,23 @@ use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use hmac::{Hmac, Mac};
-use moka::future::Cache;
 use sha2::Sha256;
 
 use seckill_http::error_response;
 use seckill_http::layers::REQUEST_ID;
 
 use super::credential::{RequestFacts, VERSION, keyed, mac};
+use super::replay::Seen;
 use super::{IDENTITY_SIG, IDENTITY_TS, Identity, IdentityError, USER_ID, USER_ROLES};
 
 /// The largest body read to check its digest: axum's default body limit, the one the
 /// backends' JSON extractors apply anyway.
 pub const MAX_SIGNED_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-/// Signatures remembered at most; beyond, the oldest are evicted (see the module doc).
-const SEEN_CAPACITY: u64 = 1 << 20;
+/// Signatures remembered at most; beyond, the oldest are forgotten early (see the module
+/// doc). ~40 bytes each at most: 40 MB for a full memory, reached only past 100,000
+/// requests a second with the default window.
+const SEEN_CAPACITY: usize = 1 << 20;
 
 /// Verifies the gateway's credentials for one service with that service's key.
 #[derive(Clone)]
@@ -48,7 +51,7 @@ pub struct IdentityVerifier {
     /// How far a credential's time may be from now, either way, in milliseconds.
     window_ms: i64,
     /// Signatures already accepted, for twice the window.
-    seen: Cache<[u8; 32], ()>,
+    seen: Arc<Seen>,
 }
 
 impl std::fmt::Debug for IdentityVerifier {
@@ -72,10 +75,7 @@ impl IdentityVerifier {
             keyed: keyed(key),
             service: service.to_string(),
             window_ms: i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
-            seen: Cache::builder()
-                .max_capacity(SEEN_CAPACITY)
-                .time_to_live(window.saturating_mul(2))
-                .build(),
+            seen: Arc::new(Seen::new(window.saturating_mul(2), SEEN_CAPACITY)),
         }
     }
 
@@ -86,8 +86,7 @@ impl IdentityVerifier {
         facts: &RequestFacts<'_>,
     ) -> Result<Identity, IdentityError> {
         let sig = self.check(headers, facts, chrono::Utc::now().timestamp_millis())?;
-        let fresh = self.seen.entry(sig).or_insert(()).await.is_fresh();
-        if !fresh {
+        if !self.seen.first_time(&sig) {
             return Err(IdentityError::Replayed);
         }
         let roles = text(headers, &USER_ROLES).unwrap_or("");

@@ -1,0 +1,684 @@
+#!/usr/bin/env bash
+# The whole purchase path, side by side in one run: a private stack (gateway + seckill-api +
+# order-service, release builds) on the shared Postgres/Redis/RabbitMQ in a fresh namespace,
+# loaded by wrk through the gateway with a different buyer (token) on every request:
+#
+#   accepted  POST /api/seckill/{id} on a product that never sells out during the run: 202s
+#   soldout   the same on a sold-out product (a flood after the sale): 410s
+#   healthz   GET /healthz, answered by the gateway itself: what the gateway can answer alone
+#   evalsha   redis-benchmark EVALSHA of a minimal deduct script (check stock, SADD the
+#             buyer, DECR) on the same Redis, same concurrency, a random buyer per call
+#
+# The scenarios run in turn, in a different order each round. The summary gives each run's
+# rate, p50/p99 and the CPU time per request of each process (from /proc utime+stime), the
+# medians with their spread, the ratios the goals of issue 20 are about (soldout/healthz and
+# accepted/evalsha, per round and median) and each service's RSS at the end.
+#
+#   scripts/bench-e2e.sh                           # 3 rounds of 8 s, -c64 -t2
+#   scripts/bench-e2e.sh -r 5 -d 10 --keep
+#   scripts/bench-e2e.sh --bin-dir /tmp/new --baseline-bin /tmp/old   # A/B of two builds
+#   scripts/bench-e2e.sh --million                 # memory after 1,000,000 distinct buyers
+#
+# With --baseline-bin a second stack (its own namespace, the other build's three binaries)
+# runs the three HTTP scenarios too, in the same rounds. With --million there are no rounds:
+# 1,000,000 (--buyers N) purchases, each from its own buyer, flood a sold-out product once,
+# and each service's RSS is printed before, right after and while idle (--idle-secs, past the
+# gateway's one-minute eviction of rate-limit state).
+#
+# Tokens: seckill-token mints each run's buyers into a file (one token a line) before the
+# run, sized from the warm-up's rate; loadtest/bench/buyers.lua feeds them to wrk. Rate
+# limits stay on with quotas far above the load (their cost is part of the path). Statuses
+# come from the gateway's own http_requests_total (wrk without a response() callback).
+# Starts nothing it does not stop; removes its namespace (database, keys, queues) at the end.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+BENCH_DIR="$ROOT/loadtest/bench"
+
+usage() {
+    cat <<EOF
+usage: scripts/bench-e2e.sh [options]
+  -c, --connections N   wrk connections and redis-benchmark clients (default 64)
+  -d, --duration SECS   length of each measured run (default 8)
+  -t, --threads N       wrk threads, redis-benchmark threads (default 2)
+  -r, --rounds N        rounds; each runs every scenario, in a different order (default 3)
+  -w, --warmup SECS     unmeasured run per scenario first, also sizing the token files (default 3)
+      --bin-dir DIR     gateway, seckill-api and order-service to measure (default: target/release)
+      --baseline-bin DIR  another build's three binaries: a second stack, its HTTP scenarios
+                        run in the same rounds (labelled base-*): a before/after in one run
+      --million         no rounds: flood a sold-out product with --buyers distinct buyers
+                        once, then print each service's RSS over --idle-secs
+      --buyers N        buyers of --million (default 1000000)
+      --idle-secs N     how long RSS is watched after the flood (default 75)
+      --no-build        use the binaries already built
+      --keep            keep the work directory (logs, raw wrk output, token files)
+  -h, --help            this text
+EOF
+}
+
+connections=64
+duration=8
+threads=2
+rounds=3
+warmup=3
+bin_dir=
+baseline_dir=
+million=0
+buyers=1000000
+idle_secs=75
+build=1
+keep=0
+while (($# > 0)); do
+    case $1 in
+    -c | --connections) connections=${2:?}; shift ;;
+    -d | --duration) duration=${2:?}; shift ;;
+    -t | --threads) threads=${2:?}; shift ;;
+    -r | --rounds) rounds=${2:?}; shift ;;
+    -w | --warmup) warmup=${2:?}; shift ;;
+    --bin-dir) bin_dir=${2:?}; shift ;;
+    --baseline-bin) baseline_dir=${2:?}; shift ;;
+    --million) million=1 ;;
+    --buyers) buyers=${2:?}; shift ;;
+    --idle-secs) idle_secs=${2:?}; shift ;;
+    --no-build) build=0 ;;
+    --keep) keep=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 64 ;;
+    esac
+    shift
+done
+for n in "$connections" "$duration" "$threads" "$rounds" "$buyers"; do
+    [[ $n =~ ^[1-9][0-9]*$ ]] || die "counts and durations must be positive integers"
+done
+[[ $warmup =~ ^[1-9][0-9]*$ ]] || die "--warmup must be at least 1 second (it sizes the token files)"
+[[ $idle_secs =~ ^[0-9]+$ ]] || die "--idle-secs must be a whole number of seconds"
+((connections >= threads)) || die "wrk needs at least one connection per thread"
+
+SERVICE_BINS=(gateway seckill-api order-service)
+for tool in wrk redis-benchmark redis-cli curl psql; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (wrk, redis-tools, curl, postgresql-client)"
+done
+if ((build)); then
+    require_cargo
+    say "building release binaries (gateway, seckill-api, order-service, seckill-token)"
+    (cd "$ROOT" && cargo build --release -q -p gateway -p seckill-api -p order-service \
+        -p seckill-loadtest --bin gateway --bin seckill-api --bin order-service --bin seckill-token)
+fi
+bin_dir=${bin_dir:-$BIN_DIR}
+TOKEN_BIN="$BIN_DIR/seckill-token"
+[ -x "$TOKEN_BIN" ] || TOKEN_BIN="$bin_dir/seckill-token"
+[ -x "$TOKEN_BIN" ] || die "no seckill-token in $BIN_DIR or $bin_dir (run without --no-build)"
+for dir in "$bin_dir" ${baseline_dir:+"$baseline_dir"}; do
+    for bin in "${SERVICE_BINS[@]}"; do
+        [ -x "$dir/$bin" ] || die "$dir/$bin is missing"
+    done
+done
+"$SCRIPTS/infra.sh" >/dev/null
+
+# ---------------------------------------------------------------------------------------
+# Work directory, clean-up.
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-e2e.XXXXXX")
+mkdir -p "$WORK/wrk" "$WORK/tokens"
+RUN_ID=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
+# Every namespace of this run starts with it; clean-test-state.sh removes them by prefix.
+NS_PREFIX="bench_e2e_${RUN_ID}_"
+
+pids=()
+cleanup() {
+    local status=$?
+    local pid
+    for pid in "${pids[@]+"${pids[@]}"}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]+"${pids[@]}"}"; do
+        for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
+        alive "$pid" && kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null || true
+    done
+    "$SCRIPTS/clean-test-state.sh" "$NS_PREFIX" >"$WORK/clean.log" 2>&1 ||
+        say "cleaning namespace $NS_PREFIX* failed: see $WORK/clean.log"
+    if ((keep || status != 0)); then
+        say "work directory kept: $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+taken=()
+# free_port: a loopback port below the ephemeral range that nobody listens on.
+free_port() {
+    local port
+    for _ in $(seq 200); do
+        port=$((20000 + RANDOM % 12000))
+        [[ " ${taken[*]-} " == *" $port "* ]] && continue
+        port_open "$port" && continue
+        taken+=("$port")
+        echo "$port"
+        return 0
+    done
+    die "no free port found"
+}
+next_port() { # next_port VAR: a free port into VAR, remembered in this shell
+    free_port >"$WORK/port"
+    printf -v "$1" '%s' "$(<"$WORK/port")"
+    taken+=("${!1}")
+}
+
+# ---------------------------------------------------------------------------------------
+# The stacks: one (main) or two (main and base), each in its own namespace.
+
+per_run_secrets
+HIGH=1000000
+declare -A GW_PORT GW_ADMIN API ORD NS PID_GW PID_API PID_ORD DIR
+
+start_service() { # start_service STACK BIN LOG VAR=VALUE...: in the background, pid in STARTED
+    local stack=$1 bin=$2 log=$3
+    shift 3
+    env "$@" "${DIR[$stack]}/$bin" </dev/null >"$log" 2>&1 &
+    STARTED=$!
+    pids+=("$STARTED")
+}
+
+start_stack() { # start_stack NAME DIR
+    local name=$1 ns="${NS_PREFIX}$1"
+    DIR[$name]=$2
+    NS[$name]=$ns
+    next_port "GW_PORT[$name]"
+    next_port "GW_ADMIN[$name]"
+    next_port "API[$name]"
+    next_port "ORD[$name]"
+    local common=(
+        SECKILL_DATABASE_URL="postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PG_PORT/seckill_$ns"
+        SECKILL_REDIS_URL="redis://$REDIS_HOST:$REDIS_PORT"
+        SECKILL_AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f"
+        SECKILL_NAMESPACE="$ns"
+        SECKILL_HOST=127.0.0.1
+        SECKILL_LOG_FORMAT=json
+        SECKILL_LOG_FILTER=warn
+        SECKILL_API_PORT="${API[$name]}"
+        SECKILL_ORDER_PORT="${ORD[$name]}"
+    )
+    local log="$WORK/$name"
+    start_service "$name" seckill-api "$log-seckill-api.log" "${common[@]}"
+    PID_API[$name]=$STARTED
+    start_service "$name" order-service "$log-order-service.log" "${common[@]}"
+    PID_ORD[$name]=$STARTED
+    start_service "$name" gateway "$log-gateway.log" "${common[@]}" \
+        SECKILL_GATEWAY_HOST=127.0.0.1 \
+        SECKILL_GATEWAY_PORT="${GW_PORT[$name]}" \
+        SECKILL_GATEWAY_ADMIN_PORT="${GW_ADMIN[$name]}" \
+        SECKILL_GATEWAY_SECKILL_API_URLS="http://127.0.0.1:${API[$name]}" \
+        SECKILL_GATEWAY_ORDER_SERVICE_URLS="http://127.0.0.1:${ORD[$name]}" \
+        SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
+        SECKILL_GATEWAY_RATE_LIMIT_ENABLED=true \
+        SECKILL_GATEWAY_RATE_LIMIT_BACKEND=memory \
+        SECKILL_GATEWAY_RATE_DEFAULT_PER_SEC=$HIGH \
+        SECKILL_GATEWAY_RATE_DEFAULT_BURST=$HIGH \
+        SECKILL_GATEWAY_RATE_PURCHASE_PER_SEC=$HIGH \
+        SECKILL_GATEWAY_RATE_PURCHASE_BURST=$HIGH \
+        SECKILL_GATEWAY_RATE_UNVERIFIED_PER_SEC=$HIGH \
+        SECKILL_GATEWAY_RATE_UNVERIFIED_BURST=$HIGH \
+        SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024)) \
+        SECKILL_GATEWAY_MAX_CONNECTIONS_PER_IP=$((connections + 64)) \
+        SECKILL_GATEWAY_LOG_FILTER=warn
+    PID_GW[$name]=$STARTED
+    local svc pid url
+    for svc in seckill-api order-service gateway; do
+        case $svc in
+        seckill-api) pid=${PID_API[$name]} url="http://127.0.0.1:${API[$name]}/readyz" ;;
+        order-service) pid=${PID_ORD[$name]} url="http://127.0.0.1:${ORD[$name]}/readyz" ;;
+        gateway) pid=${PID_GW[$name]} url="http://127.0.0.1:${GW_ADMIN[$name]}/readyz" ;;
+        esac
+        stack_ready() { alive "$pid" && http_ok "$url"; }
+        if ! wait_until 90 "$name $svc" stack_ready; then
+            tail -n 30 "$log-$svc.log" >&2
+            die "$name: $svc did not become ready"
+        fi
+    done
+    say "stack $name: gateway 127.0.0.1:${GW_PORT[$name]} (pid ${PID_GW[$name]}), seckill-api pid ${PID_API[$name]}, order-service pid ${PID_ORD[$name]}, namespace $ns, binaries ${DIR[$name]}"
+}
+
+STACKS=(main)
+start_stack main "$bin_dir"
+if [ -n "$baseline_dir" ]; then
+    STACKS+=(base)
+    start_stack base "$baseline_dir"
+fi
+
+# ---------------------------------------------------------------------------------------
+# Products and buyers.
+
+ADMIN_TOKEN=$("$TOKEN_BIN" --sub 1 --admin --ttl-secs 86400)
+# Buyers are numbered from here on, never twice in a run.
+next_buyer=1000
+
+iso() { date -u -d "$1" +%Y-%m-%dT%H:%M:%S.000Z; }
+
+create_product() { # create_product STACK STOCK: the new product's id on stdout
+    local body answer
+    body=$(printf '{"name":"bench-e2e %s","price_cents":100,"stock":%d,"start_at":"%s","end_at":"%s"}' \
+        "$RUN_ID" "$2" "$(iso '-5 seconds')" "$(iso '+3 hours')")
+    answer=$(curl -sS --max-time 10 -X POST -H "Authorization: Bearer $ADMIN_TOKEN" \
+        -H 'Content-Type: application/json' -d "$body" \
+        "http://127.0.0.1:${GW_PORT[$1]}/admin/products") || die "$1: POST /admin/products failed"
+    [[ $answer =~ \"id\":([0-9]+) ]] || die "$1: POST /admin/products answered $answer"
+    echo "${BASH_REMATCH[1]}"
+}
+
+mint() { # mint COUNT FILE: COUNT tokens of new buyers
+    "$TOKEN_BIN" --sub "$next_buyer" --count "$1" --ttl-secs 86400 >"$2"
+    next_buyer=$((next_buyer + $1))
+}
+
+purchase() { # purchase STACK PRODUCT: one purchase by a new buyer, its status in STATUS
+    local token
+    token=$("$TOKEN_BIN" --sub "$next_buyer" --ttl-secs 86400)
+    next_buyer=$((next_buyer + 1))
+    STATUS=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 10 -X POST \
+        -H "Authorization: Bearer $token" "http://127.0.0.1:${GW_PORT[$1]}/api/seckill/$2")
+}
+
+declare -A SOLDOUT
+for stack in "${STACKS[@]}"; do
+    # One unit, bought once: every purchase after is refused 410.
+    SOLDOUT[$stack]=$(create_product "$stack" 1)
+    purchase "$stack" "${SOLDOUT[$stack]}"
+    [ "$STATUS" = 202 ] || die "$stack: buying the single unit answered $STATUS, not 202"
+    purchase "$stack" "${SOLDOUT[$stack]}"
+    [ "$STATUS" = 410 ] || die "$stack: a purchase of the sold-out product answered $STATUS, not 410"
+    say "$stack: sold-out product ${SOLDOUT[$stack]} (202 then 410)"
+done
+
+# ---------------------------------------------------------------------------------------
+# Measuring.
+
+HZ=$(getconf CLK_TCK)
+REDIS_PID=$(redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" info server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
+BEAM_PIDS=$(pgrep -x beam.smp | paste -sd' ' || true)
+
+ticks() { # ticks PID...: their utime + stime, clock ticks
+    local total=0 pid t
+    for pid in "$@"; do
+        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{ print $12 + $13 }') || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+machine_ticks() {
+    awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6 }' /proc/stat
+}
+pg_backends() { # pg_backends STACK: pids of the Postgres backends serving its database
+    psql_admin -d postgres -Atc \
+        "select pid from pg_stat_activity where datname = 'seckill_${NS[$1]}'" 2>/dev/null | paste -sd' '
+}
+rss_mb() { # rss_mb PID: VmRSS in MB
+    awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo "-"
+}
+# post_statuses STACK: "code count" lines of the POSTs its gateway answered so far.
+post_statuses() {
+    curl -fsS --max-time 5 "http://127.0.0.1:${GW_ADMIN[$1]}/metrics" 2>/dev/null |
+        awk '/^http_requests_total\{/ && /service="gateway"/ && /method="POST"/ {
+                if (match($0, /status="[0-9]+"/)) n[substr($0, RSTART + 8, 3)] += $NF
+            }
+            END { for (s in n) print s, n[s] }' | sort
+}
+status_delta() { # status_delta BEFORE AFTER: "202:n,410:m" of what was answered in between
+    join -a2 -e0 -o 0,1.2,2.2 <(echo "$1") <(echo "$2") 2>/dev/null |
+        awk '$3 - $2 > 0 { printf "%s%s:%d", sep, $1, $3 - $2; sep = "," }'
+}
+orders_in_db() { # orders_in_db STACK
+    psql_admin -d "seckill_${NS[$1]}" -Atc 'select count(*) from orders' 2>/dev/null || echo 0
+}
+
+RESULTS="$WORK/results.tsv"
+printf 'round\tscenario\trps\tp50_ms\tp99_ms\trequests\tstatuses\terrors\treused\tgateway_us\tapi_us\torders_us\tredis_us\tbeam_us\tpg_us\twrk_us\tother_pct\tdrain_s\n' >"$RESULTS"
+
+# The minimal deduct script of the evalsha scenario: KEYS[1] stock (a counter), KEYS[2] the
+# buyers (a set); ARGV[1] the buyer. 1 bought, 0 sold out, -1 already bought.
+DEDUCT_LUA='local stock = tonumber(redis.call("GET", KEYS[1]) or "0")
+if stock <= 0 then return 0 end
+if redis.call("SADD", KEYS[2], ARGV[1]) == 0 then return -1 end
+redis.call("DECR", KEYS[1])
+return 1'
+R=(redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT")
+EVAL_STOCK="${NS_PREFIX}main:bench:stock"
+EVAL_BUYERS="${NS_PREFIX}main:bench:buyers"
+DEDUCT_SHA=$("${R[@]}" SCRIPT LOAD "$DEDUCT_LUA")
+[[ $DEDUCT_SHA =~ ^[0-9a-f]{40}$ ]] || die "SCRIPT LOAD answered $DEDUCT_SHA"
+
+# Expected rate of each scenario (req/s), from the warm-up and every run since: it sizes
+# the next run's token file and redis-benchmark's request count.
+declare -A RATE
+
+stack_of() { [[ $1 == base-* ]] && echo base || echo main; }
+kind_of() { echo "${1#base-}"; }
+
+# prepare_load SCENARIO SECONDS NAME: what a run of SCENARIO needs, made before its
+# measurement starts: the token file of its buyers (LOAD_TOKENS) and the product
+# (LOAD_PRODUCT), or redis-benchmark's request count (LOAD_COUNT) and a fresh buyers set.
+prepare_load() {
+    local scenario=$1 secs=$2 stack kind
+    stack=$(stack_of "$scenario")
+    kind=$(kind_of "$scenario")
+    LOAD_TOKENS= LOAD_PRODUCT= LOAD_COUNT=
+    case $kind in
+    accepted | soldout)
+        # Twice the fastest rate seen so far, plus a margin: buyers must not repeat.
+        LOAD_COUNT=$(awk -v r="${RATE[$scenario]:-20000}" -v s="$secs" 'BEGIN { printf "%d", r * s * 2 + 20000 }')
+        LOAD_TOKENS="$WORK/tokens/$3.txt"
+        mint "$LOAD_COUNT" "$LOAD_TOKENS"
+        if [ "$kind" = accepted ]; then
+            # Its own product, with a unit for every buyer in the file: it never sells out.
+            LOAD_PRODUCT=$(create_product "$stack" "$LOAD_COUNT")
+        else
+            LOAD_PRODUCT=${SOLDOUT[$stack]}
+        fi
+        ;;
+    evalsha)
+        LOAD_COUNT=$(awk -v r="${RATE[$scenario]:-50000}" -v s="$secs" 'BEGIN { printf "%d", r * s }')
+        "${R[@]}" SET "$EVAL_STOCK" 1000000000000 >/dev/null
+        "${R[@]}" UNLINK "$EVAL_BUYERS" >/dev/null
+        ;;
+    esac
+}
+
+# run_load SCENARIO SECONDS OUT: one run of the load prepared by prepare_load; wrk's report
+# (or a BENCH line made from redis-benchmark's CSV) in OUT; the client's CPU seconds in
+# OUT.cpu.
+run_load() {
+    local scenario=$1 secs=$2 out=$3 stack kind url TIMEFORMAT='%U %S'
+    stack=$(stack_of "$scenario")
+    kind=$(kind_of "$scenario")
+    url="http://127.0.0.1:${GW_PORT[$stack]}"
+    case $kind in
+    healthz)
+        { time wrk -t"$threads" -c"$connections" -d"$secs"s --latency \
+            -s "$BENCH_DIR/report.lua" "$url/healthz" >"$out" 2>&1; } 2>"$out.time" ||
+            { cat "$out" >&2; die "wrk failed ($scenario)"; }
+        ;;
+    accepted | soldout)
+        { time THREADS=$threads wrk -t"$threads" -c"$connections" -d"$secs"s --latency \
+            -s "$BENCH_DIR/buyers.lua" "$url" -- "$LOAD_TOKENS" "$LOAD_PRODUCT" >"$out" 2>&1; } 2>"$out.time" ||
+            { cat "$out" >&2; die "wrk failed ($scenario)"; }
+        ((keep)) || rm -f "$LOAD_TOKENS"
+        ;;
+    evalsha)
+        { time redis-benchmark -h "$REDIS_HOST" -p "$REDIS_PORT" -c "$connections" \
+            --threads "$threads" -n "$LOAD_COUNT" -r 1000000000 --csv \
+            EVALSHA "$DEDUCT_SHA" 2 "$EVAL_STOCK" "$EVAL_BUYERS" "buyer:__rand_int__" \
+            >"$out.csv" 2>&1; } 2>"$out.time" || { cat "$out.csv" >&2; die "redis-benchmark failed"; }
+        # CSV: "test","rps","avg","min","p50","p95","p99","max" (ms); the test name may hold
+        # commas, so fields are read from the right.
+        awk -F, -v n="$LOAD_COUNT" '/^"EVALSHA/ {
+                for (i = 1; i <= NF; i++) gsub(/"/, "", $i)
+                rps = $(NF - 6); p50 = $(NF - 3); p99 = $(NF - 1); max = $NF
+                printf "BENCH requests=%d duration_us=%.0f rps=%.1f p50_us=%.0f p90_us=0 p99_us=%.0f p999_us=0 max_us=%.0f connect_err=0 read_err=0 write_err=0 timeout_err=0 non2xx=0 taken=%d reused=0\n",
+                    n, n / rps * 1e6, rps, p50 * 1000, p99 * 1000, max * 1000, n
+            }' "$out.csv" >"$out"
+        local sold
+        sold=$("${R[@]}" SCARD "$EVAL_BUYERS")
+        # Random buyers collide now and then (-r draws from 10^9): nearly all must buy.
+        awk -v s="$sold" -v n="$LOAD_COUNT" 'BEGIN { exit !(s >= 0.99 * n) }' ||
+            die "EVALSHA added $sold buyers for $LOAD_COUNT calls: not the deduct path (see $out.csv)"
+        ;;
+    esac
+    awk '{ print $1 + $2 }' "$out.time" >"$out.cpu"
+}
+
+# measure ROUND SCENARIO: one measured run, appended to RESULTS.
+measure() {
+    local round=$1 scenario=$2 out="$WORK/wrk/$1-$2.txt" stack kind
+    stack=$(stack_of "$scenario")
+    kind=$(kind_of "$scenario")
+    local pg orders0 st0 st1 m0 m1 line drain=0
+    local -a t0 t1 procs
+    pg=$(pg_backends "$stack")
+    # shellcheck disable=SC2206 # lists of pids
+    procs=("${PID_GW[$stack]}" "${PID_API[$stack]}" "${PID_ORD[$stack]}" "$REDIS_PID" "$BEAM_PIDS" "$pg")
+    [ "$kind" = accepted ] && orders0=$(orders_in_db "$stack")
+    prepare_load "$scenario" "$duration" "$1-$2"
+    st0=$(post_statuses "$stack")
+    m0=$(machine_ticks)
+    for i in "${!procs[@]}"; do
+        # shellcheck disable=SC2086 # a list of pids
+        t0[i]=$(ticks ${procs[i]})
+    done
+    run_load "$scenario" "$duration" "$out"
+    line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line ($scenario)"; }
+    st1=$(post_statuses "$stack")
+    if [ "$kind" = accepted ]; then
+        # Until order-service has written every accepted purchase (their CPU belongs to these
+        # requests), at most 120 s; then the CPU is read.
+        local want got last=-1 since=$SECONDS start=$SECONDS
+        want=$(status_delta "$st0" "$st1" | tr ',' '\n' | awk -F: '$1 == 202 { print $2 }')
+        want=$((orders0 + ${want:-0}))
+        while :; do
+            got=$(orders_in_db "$stack")
+            ((got >= want)) && break
+            ((got != last)) && { last=$got; since=$SECONDS; }
+            ((SECONDS - since > 10 || SECONDS - start > 120)) && {
+                say "orders stopped at $got of $want: CPU read without the rest"
+                break
+            }
+            sleep 0.2
+        done
+        drain=$((SECONDS - start))
+    fi
+    for i in "${!procs[@]}"; do
+        # shellcheck disable=SC2086
+        t1[i]=$(ticks ${procs[i]})
+    done
+    m1=$(machine_ticks)
+    local statuses
+    if [ "$kind" = evalsha ]; then
+        statuses=-
+    else
+        statuses=$(status_delta "$st0" "$st1")
+        [ -n "$statuses" ] || statuses=-
+    fi
+    awk -v round="$round" -v scenario="$scenario" -v hz="$HZ" -v wrk_s="$(<"$out.cpu")" \
+        -v statuses="$statuses" -v drain="$drain" -v m0="$m0" -v m1="$m1" \
+        -v d="$((t1[0] - t0[0])) $((t1[1] - t0[1])) $((t1[2] - t0[2])) $((t1[3] - t0[3])) $((t1[4] - t0[4])) $((t1[5] - t0[5]))" '
+        {
+            for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            n = v["requests"]; split(d, t, " "); split(m0, a, " "); split(m1, b, " ")
+            sum = 0; for (i = 1; i <= 6; i++) sum += t[i]
+            busy = b[1] - a[1]; total = b[2] - a[2]
+            other = total > 0 ? 100 * (busy - sum - wrk_s * hz) / total : 0
+            if (other < 0) other = 0
+            errors = v["connect_err"] + v["read_err"] + v["write_err"] + v["timeout_err"]
+            printf "%s\t%s\t%.0f\t%.3f\t%.3f\t%d\t%s\t%d\t%d", round, scenario, v["rps"],
+                v["p50_us"] / 1000, v["p99_us"] / 1000, n, statuses, errors, v["reused"]
+            for (i = 1; i <= 6; i++) printf "\t%.1f", (n > 0 ? t[i] * 1e6 / hz / n : 0)
+            printf "\t%.1f\t%.0f\t%d\n", (n > 0 ? wrk_s * 1e6 / n : 0), other, drain
+        }' <<<"$line" >>"$RESULTS"
+    local rps
+    rps=$(tail -n 1 "$RESULTS" | cut -f3)
+    # The fastest rate seen sizes the next token file.
+    ((rps > ${RATE[$scenario]:-0})) && RATE[$scenario]=$rps
+    tail -n 1 "$RESULTS" | awk -F'\t' '{ printf "    %-6s %-13s %8s req/s  p50 %7s ms  p99 %7s ms  %s\n", $1, $2, $3, $4, $5, $7 }' >&2
+}
+
+scenarios=(accepted soldout healthz evalsha)
+[ -n "$baseline_dir" ] && scenarios+=(base-accepted base-soldout base-healthz)
+
+# warm_up SCENARIO: an unmeasured run; its rate sizes the first measured run.
+warm_up() {
+    local out="$WORK/wrk/warmup-$1.txt" line
+    prepare_load "$1" "$warmup" "warmup-$1"
+    run_load "$1" "$warmup" "$out"
+    line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line (warm-up $1)"; }
+    [[ $line =~ rps=([0-9]+) ]] && RATE[$1]=${BASH_REMATCH[1]}
+    say "warm-up $1: ${RATE[$1]:-?} req/s"
+}
+
+# ---------------------------------------------------------------------------------------
+# --million: the memory a flood of distinct buyers leaves behind.
+
+if ((million)); then
+    rss_line() { # rss_line LABEL: RSS of each service
+        local stack=main
+        printf '| %-22s | %8s | %11s | %13s |\n' "$1" "$(rss_mb "${PID_GW[$stack]}")" \
+            "$(rss_mb "${PID_API[$stack]}")" "$(rss_mb "${PID_ORD[$stack]}")"
+    }
+    out="$WORK/wrk/million.txt"
+    tokens="$WORK/tokens/million.txt"
+    say "minting $buyers tokens"
+    mint "$buyers" "$tokens"
+    {
+        echo
+        echo "RSS (MB, VmRSS) of each service around a flood of $buyers distinct buyers on a sold-out product"
+        echo "(wrk -t$threads -c$connections, each buyer once; $(nproc) CPUs; binaries $bin_dir)"
+        echo
+        printf '| %-22s | %8s | %11s | %13s |\n' when gateway seckill-api order-service
+        echo '|------------------------|---------:|------------:|--------------:|'
+        rss_line "before"
+    } >"$WORK/million.md"
+    say "flooding: $buyers purchases of product ${SOLDOUT[main]}, each from its own buyer"
+    st0=$(post_statuses main)
+    started=$SECONDS
+    BUYERS_DONE_FILE="$WORK/million.done" THREADS=$threads wrk -t"$threads" -c"$connections" \
+        -d3600s --latency -s "$BENCH_DIR/buyers.lua" "http://127.0.0.1:${GW_PORT[main]}" \
+        -- "$tokens" "${SOLDOUT[main]}" once >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
+    took=$((SECONDS - started))
+    ((keep)) || rm -f "$tokens"
+    statuses=$(status_delta "$st0" "$(post_statuses main)")
+    rss_line "right after (${took} s)" >>"$WORK/million.md"
+    say "flood done in ${took}s: $statuses; watching RSS for ${idle_secs}s"
+    for ((s = 15; s <= idle_secs; s += 15)); do
+        sleep 15
+        rss_line "idle ${s} s" >>"$WORK/million.md"
+    done
+    cat "$WORK/million.md"
+    echo
+    echo "answered: $statuses; $(grep '^BENCH ' "$out" | awk '{ for (i = 2; i <= NF; i++) if ($i ~ /^(rps|p99_us|taken)=/) printf "%s ", $i }')"
+    echo "redis-server $(rss_mb "$REDIS_PID") MB; the limit of issue 20: every service <= 64 MB"
+    exit 0
+fi
+
+# ---------------------------------------------------------------------------------------
+# Rounds.
+
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+say "warm-up: ${warmup}s per scenario (not counted)"
+for scenario in "${scenarios[@]}"; do
+    warm_up "$scenario"
+done
+
+say "measuring: wrk -t$threads -c$connections -d${duration}s --latency, $rounds round(s)"
+k=${#scenarios[@]}
+for ((r = 1; r <= rounds; r++)); do
+    # Rotated by one more each round, and reversed every other round.
+    order=()
+    for ((i = 0; i < k; i++)); do
+        order+=("${scenarios[$(((i + r - 1) % k))]}")
+    done
+    if ((r % 2 == 0)); then
+        rev=()
+        for ((i = k - 1; i >= 0; i--)); do rev+=("${order[i]}"); done
+        order=("${rev[@]}")
+    fi
+    for scenario in "${order[@]}"; do
+        measure "$r" "$scenario"
+    done
+done
+
+# ---------------------------------------------------------------------------------------
+# Report.
+
+median() { # of the numbers on standard input ("nan" for none)
+    sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+column_of() { # column_of SCENARIO COLUMN: its values over the rounds
+    awk -F'\t' -v s="$1" -v c="$2" 'NR > 1 && $2 == s { print $c }' "$RESULTS"
+}
+median_of() { # median_of SCENARIO COLUMN [PRINTF-FORMAT]
+    column_of "$1" "$2" | median | awk -v f="${3:-%.1f}" '{ if ($1 == "nan") print "-"; else printf f "\n", $1 }'
+}
+spread_of() { column_of "$1" "$2" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
+ratios() { # ratios A B: A/B throughput by round, then the median
+    local list
+    list=$(awk -F'\t' -v a="$1" -v b="$2" '
+        NR > 1 { rps[$1, $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+        END { for (i = 1; i <= n; i++) if (rps[order[i], b] > 0) printf "%.6f\n", rps[order[i], a] / rps[order[i], b] }' "$RESULTS")
+    [ -n "$list" ] || { echo "n/a"; return; }
+    printf '%s (median **%.2f×**)' "$(echo "$list" | awk '{ printf "%s%.2f", (NR > 1 ? " " : ""), $1 }')" "$(echo "$list" | median)"
+}
+
+echo
+echo "## bench-e2e: wrk -t$threads -c$connections -d${duration}s, $rounds round(s), $(nproc) CPUs, load average before $LOAD_BEFORE"
+echo
+echo "Binaries: $bin_dir${baseline_dir:+ (base-*: $baseline_dir)}. CPU columns: CPU time per request (µs) of each process over the"
+echo "run (accepted: until order-service wrote every order, 'drain' s after the run); redis-server and RabbitMQ are shared, so"
+echo "they include whatever else used them; pg = the Postgres backends of the stack's database; other = % of the machine used by"
+echo "anything else (builds, other tenants)."
+echo
+printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' round scenario 'req/s' 'p50 ms' 'p99 ms' \
+    statuses 'gateway µs' 'api µs' 'orders µs' 'redis µs' 'rabbit µs' 'pg µs' 'wrk µs' other drain
+echo '|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|'
+awk -F'\t' 'NR > 1 {
+    s = $7; if ($8 > 0) s = s " err:" $8; if ($9 > 0) s = s " reused:" $9
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s%% | %s |\n",
+        $1, $2, $3, $4, $5, s, $10, $11, $12, $13, $14, $15, $16, $17, $18 }' "$RESULTS"
+echo
+echo "Medians over the rounds (spread min–max):"
+echo
+echo '| scenario | req/s | p50 ms | p99 ms | gateway µs | api µs | orders µs | redis µs | rabbit µs | pg µs | wrk µs |'
+echo '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|'
+for scenario in "${scenarios[@]}"; do
+    printf '| %s | %s (%s) | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %s |\n' "$scenario" \
+        "$(median_of "$scenario" 3 %.0f)" "$(spread_of "$scenario" 3)" "$(median_of "$scenario" 4 %.2f)" \
+        "$(median_of "$scenario" 5 %.2f)" "$(spread_of "$scenario" 5)" \
+        "$(median_of "$scenario" 10)" "$(median_of "$scenario" 11)" "$(median_of "$scenario" 12)" \
+        "$(median_of "$scenario" 13)" "$(median_of "$scenario" 14)" "$(median_of "$scenario" 15)" \
+        "$(median_of "$scenario" 16)"
+done
+echo
+echo "- soldout / healthz by round: $(ratios soldout healthz)  (goal ≥ 0.8×, p99 ≤ 10 ms)"
+echo "- accepted / evalsha by round: $(ratios accepted evalsha)  (goal ≥ 0.35×)"
+if [ -n "$baseline_dir" ]; then
+    echo "- base: soldout / healthz $(ratios base-soldout base-healthz); accepted / evalsha $(ratios base-accepted evalsha)"
+    for kind in accepted soldout healthz; do
+        echo "- $kind, main / base by round: $(ratios "$kind" "base-$kind")"
+    done
+fi
+echo
+echo "RSS at the end (MB, VmRSS):"
+echo
+echo '| stack | gateway | seckill-api | order-service |'
+echo '|---|---:|---:|---:|'
+for stack in "${STACKS[@]}"; do
+    printf '| %s | %s | %s | %s |\n' "$stack" "$(rss_mb "${PID_GW[$stack]}")" \
+        "$(rss_mb "${PID_API[$stack]}")" "$(rss_mb "${PID_ORD[$stack]}")"
+done
+echo
+echo "(redis-server $(rss_mb "$REDIS_PID") MB, shared.)"
+
+# Verdict on the answers: accepted all 202, soldout all 410; a 5xx or a socket error fails.
+failed=0
+while IFS=$'\t' read -r round scenario _ _ _ _ statuses errors reused _; do
+    [ "$round" = round ] && continue
+    want=
+    case $(kind_of "$scenario") in
+    accepted) want=202 ;;
+    soldout) want=410 ;;
+    esac
+    if [[ ",$statuses" =~ ,5[0-9][0-9]: ]] || ((errors > 0)); then
+        echo "FAIL: round $round $scenario: $statuses, $errors socket error(s)"
+        failed=1
+    elif [ -n "$want" ] && ! [[ $statuses =~ ^$want:[0-9]+$ ]]; then
+        echo "WARNING: round $round $scenario answered $statuses (expected only $want)"
+    fi
+    ((reused > 0)) && echo "WARNING: round $round $scenario repeated $reused buyer(s): the token file was too small"
+done <"$RESULTS"
+other=$(median_of soldout 17 %.0f)
+awk -v o="$other" 'BEGIN { exit !(o > 10) }' &&
+    echo "NOTE: other processes used ~${other}% of the machine during the soldout runs: numbers are disturbed."
+if ((failed)); then
+    keep=1
+    die "5xx answers or socket errors: see $WORK/wrk and the logs in $WORK"
+fi
