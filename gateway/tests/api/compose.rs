@@ -197,6 +197,23 @@ fn gateway_and_backends_share_one_internal_key() {
 }
 
 #[test]
+fn gateway_and_backends_share_one_redis() {
+    // The gateway hears on it when units go back on sale (its sold-out answers, and the
+    // replicas' local flags, are forgotten then); without it the gateway answers no
+    // sold-out purchase itself.
+    let doc = compose();
+    let urls: BTreeSet<String> = OURS
+        .iter()
+        .map(|(name, _)| {
+            environment(service(&doc, name))
+                .remove("SECKILL_REDIS_URL")
+                .unwrap_or_else(|| panic!("`{name}` does not set SECKILL_REDIS_URL"))
+        })
+        .collect();
+    assert_eq!(urls.len(), 1, "different Redis URLs: {urls:?}");
+}
+
+#[test]
 fn every_service_has_a_healthcheck() {
     let doc = compose();
     for name in OURS.iter().map(|(name, _)| *name).chain(INFRA) {
