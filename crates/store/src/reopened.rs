@@ -7,12 +7,19 @@
 //!
 //! Redis pub/sub delivers at most once: a message published while the subscription is down
 //! is lost. So [`Event::Subscribed`] comes on every (re)subscription and [`Event::Lost`]
-//! when one ends, and a follower forgets everything it remembered on both. A silent network
-//! failure is not seen here; a follower's memory is time-bounded as well (its flag TTL).
+//! when one ends, and a follower forgets everything it remembered on both. A connection that
+//! fails silently is found by a `PING` every [`PING_EVERY`] answered within [`PING_TIMEOUT`];
+//! until then a follower's memory is bounded by its own TTL.
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+/// How often the subscribed connection is pinged.
+pub const PING_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a ping may take before the subscription counts as lost.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the follower reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +71,13 @@ pub async fn follow(
     cancel: CancellationToken,
     on_event: impl Fn(Event) + Send + 'static,
 ) {
+    if urls.is_empty() {
+        tracing::warn!(%channel, "no Redis to follow the reopened announcements on");
+        return;
+    }
     let mut next = 0usize;
     loop {
-        let url = &urls[next % urls.len().max(1)];
+        let url = &urls[next % urls.len()];
         next += 1;
         let ended = tokio::select! {
             () = cancel.cancelled() => return,
@@ -87,24 +98,41 @@ pub async fn follow(
 async fn subscribed(url: &str, channel: &str, on_event: &impl Fn(Event)) -> redis::RedisResult<()> {
     let client = redis::Client::open(url)?;
     let connect = client.get_async_pubsub();
-    let mut pubsub = tokio::time::timeout(Duration::from_secs(2), connect)
+    let pubsub = tokio::time::timeout(Duration::from_secs(2), connect)
         .await
         .map_err(|_| {
             redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
         })??;
-    pubsub.subscribe(channel).await?;
+    let (mut sink, mut messages) = pubsub.split();
+    sink.subscribe(channel).await?;
     on_event(Event::Subscribed);
-    let mut messages = pubsub.into_on_message();
-    while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
-        match parse(message.get_payload_bytes()) {
-            Some((product_id, generation)) => on_event(Event::Reopened {
-                product_id,
-                generation,
-            }),
-            None => tracing::warn!(%channel, "unreadable reopened announcement"),
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            message = futures_util::StreamExt::next(&mut messages) => {
+                let Some(message) = message else { return Ok(()) };
+                match parse(message.get_payload_bytes()) {
+                    Some((product_id, generation)) => on_event(Event::Reopened {
+                        product_id,
+                        generation,
+                    }),
+                    None => tracing::warn!(%channel, "unreadable reopened announcement"),
+                }
+            }
+            _ = ping.tick() => {
+                match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        return Err(redis::RedisError::from(std::io::Error::from(
+                            std::io::ErrorKind::TimedOut,
+                        )));
+                    }
+                }
+            }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
