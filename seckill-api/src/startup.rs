@@ -50,6 +50,7 @@ struct Reopened {
     urls: Vec<String>,
     channel: String,
     flags: Cache<i64, u64>,
+    floors: Cache<i64, u64>,
 }
 
 impl Reopened {
@@ -57,28 +58,36 @@ impl Reopened {
     /// once; every flag does whenever announcements may have been missed.
     async fn run(self, cancel: CancellationToken) {
         use seckill_store::reopened::Event;
-        let flags = self.flags;
+        let (flags, floors) = (self.flags, self.floors);
         let following = metrics::gauge!(crate::metric_names::SOLD_OUT_FOLLOWING);
-        seckill_store::reopened::follow(
-            self.urls,
-            self.channel,
-            cancel,
-            move |event| match event {
-                Event::Reopened { product_id, .. } => {
-                    let flags = flags.clone();
-                    tokio::spawn(async move { flags.invalidate(&product_id).await });
+        // Taken one at a time, in the order heard: a floor is raised before its flag drops.
+        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let follower = seckill_store::reopened::follow(self.urls, self.channel, cancel, move |e| {
+            let _ = events.send(e);
+        });
+        let apply = async move {
+            while let Some(event) = heard.recv().await {
+                match event {
+                    Event::Reopened {
+                        product_id,
+                        generation,
+                    } => {
+                        let floor = floors.get(&product_id).await.unwrap_or(0);
+                        floors.insert(product_id, floor.max(generation)).await;
+                        flags.invalidate(&product_id).await;
+                    }
+                    Event::Subscribed => {
+                        flags.invalidate_all();
+                        following.set(1.0);
+                    }
+                    Event::Lost => {
+                        flags.invalidate_all();
+                        following.set(0.0);
+                    }
                 }
-                Event::Subscribed => {
-                    flags.invalidate_all();
-                    following.set(1.0);
-                }
-                Event::Lost => {
-                    flags.invalidate_all();
-                    following.set(0.0);
-                }
-            },
-        )
-        .await;
+            }
+        };
+        tokio::join!(follower, apply);
     }
 }
 
@@ -118,6 +127,11 @@ impl Application {
             )
         });
 
+        // A minute: longer than any purchase decided before a reopen takes to finish.
+        let reopened_floors = Cache::builder()
+            .max_capacity(10_000)
+            .time_to_live(Duration::from_secs(60))
+            .build();
         let sold_out = Cache::builder()
             .max_capacity(10_000)
             .time_to_live(settings.sold_out_local_ttl)
@@ -158,6 +172,7 @@ impl Application {
                 settings.backend.identity_window,
             ),
             sold_out: sold_out.clone(),
+            reopened: reopened_floors.clone(),
             relay_hints: relay_hints.clone(),
             publisher: publisher.clone(),
             default_buckets: settings.stock_buckets,
@@ -216,6 +231,7 @@ impl Application {
             ),
             channel: relay.keys.reopened_channel(),
             flags: sold_out,
+            floors: reopened_floors,
         };
         Ok(Self {
             listener,

@@ -31,6 +31,10 @@ pub struct AppState {
     /// on the reopened channel, see `seckill_store::reopened`) and in any case after
     /// `sold_out_local_ttl_ms`, should an announcement be missed.
     pub sold_out: Cache<i64, u64>,
+    /// The generation each product was last announced reopened at (for a minute): a
+    /// sold-out decision of an older one predates the reopen and is neither remembered nor
+    /// told to the gateway.
+    pub reopened: Cache<i64, u64>,
     /// `Idempotency-Key` records.
     pub idempotency: Idempotency,
     /// Tells the outbox relay which stream an accepted purchase went to.

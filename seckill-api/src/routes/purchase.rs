@@ -307,12 +307,11 @@ async fn decide(
     if !product.is_active(now) {
         return Err(ApiError::ActivityNotActive);
     }
-    if let Some(generation) = state.sold_out.get(&product_id).await {
+    if state.sold_out.contains_key(&product_id) {
         metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "local").increment(1);
-        return Err(ApiError::SoldOut(Some(SoldOutFlag {
-            product_id,
-            generation,
-        })));
+        // Not named for the gateway: a flag remembered here may be up to its TTL old, and
+        // the gateway's own TTL would add to it. Only answers read from Redis teach it.
+        return Err(ApiError::SoldOut(None));
     }
     let message = OrderMessage {
         request_id,
@@ -367,9 +366,22 @@ async fn decide(
         Decision::AlreadyPurchased => Err(ApiError::AlreadyPurchased),
         Decision::NotActive => Err(ApiError::ActivityNotActive),
         Decision::SoldOut { flag } => {
-            // Not remembered when a unit came back during the sweep: it is on sale again.
+            // Not remembered when a unit came back during the sweep (it is on sale again),
+            // nor when a reopen of a later generation was announced since it was read.
+            let floor = || async { state.reopened.get(&product_id).await.unwrap_or(0) };
+            let mut flag = flag;
             if let Some(generation) = flag {
-                state.sold_out.insert(product_id, generation).await;
+                if generation < floor().await {
+                    flag = None;
+                } else {
+                    state.sold_out.insert(product_id, generation).await;
+                    // Announced between the check and the insert: the announcement's
+                    // invalidation may have run first.
+                    if generation < floor().await {
+                        state.sold_out.invalidate(&product_id).await;
+                        flag = None;
+                    }
+                }
             }
             Err(ApiError::SoldOut(flag.map(|generation| SoldOutFlag {
                 product_id,
