@@ -264,12 +264,16 @@ impl Pipeline {
             return proxy::refuse_body(e);
         }
         let purchase = is_purchase(incoming.head.method(), incoming.head.path());
+        // A purchase with an Idempotency-Key may be the replay of one that bought: only the
+        // replica knows its first answer.
         let product = purchase
             .then(|| sold_out::product_of(incoming.head.path()))
-            .flatten();
+            .flatten()
+            .filter(|_| !has_idempotency_key(incoming.head));
         if let Some(answer) = product.and_then(|id| self.sold_out.answer(id)) {
             return answer;
         }
+        let epoch = self.sold_out.epoch();
         let _purchase = if purchase {
             match self.purchases.enter(caller.user_id) {
                 Some(purchase) => Some(purchase),
@@ -299,10 +303,16 @@ impl Pipeline {
         )
         .await;
         if let Some(id) = product {
-            self.sold_out.learn(id, &response);
+            self.sold_out.learn(id, &response, epoch);
         }
         response
     }
+}
+
+/// Whether the request carries an `Idempotency-Key` header.
+fn has_idempotency_key(head: &crate::http1::RequestHead) -> bool {
+    head.fields()
+        .any(|(name, _, _)| name.eq_ignore_ascii_case(b"idempotency-key"))
 }
 
 /// Counts and times one response.

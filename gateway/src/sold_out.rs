@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -56,6 +56,9 @@ pub struct SoldOutEdge {
     known: RwLock<HashMap<i64, Known>>,
     /// Subscribed to the reopened announcements: nothing is answered here otherwise.
     live: AtomicBool,
+    /// Bumped whenever the subscription is made or lost: an answer forwarded across such a
+    /// gap may predate a reopen nobody heard, and is not learnt.
+    epoch: AtomicU64,
     answered: metrics::Counter,
     following: metrics::Gauge,
 }
@@ -68,6 +71,7 @@ impl SoldOutEdge {
             ttl,
             known: RwLock::new(HashMap::new()),
             live: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
             answered: metrics::counter!("gateway_sold_out_answers_total"),
             following: metrics::gauge!("gateway_sold_out_following"),
         }
@@ -94,9 +98,16 @@ impl SoldOutEdge {
         Some(sold_out(product_id, generation))
     }
 
-    /// Learns from a replica's answer to a purchase of `product_id`: a `410` with the
-    /// flag's header (and not of a generation older than a reopen heard since).
-    pub fn learn(&self, product_id: i64, response: &Response) {
+    /// The subscription's epoch, to read before a purchase is forwarded and hand back to
+    /// [`Self::learn`] with its answer.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Learns from a replica's answer to a purchase of `product_id`, forwarded at `epoch`:
+    /// a `410` with the flag's header (not of a generation older than a reopen heard since,
+    /// nor sent across a gap in the subscription).
+    pub fn learn(&self, product_id: i64, response: &Response, epoch: u64) {
         if response.status != StatusCode::GONE
             || !self.enabled()
             || !self.live.load(Ordering::Relaxed)
@@ -113,6 +124,10 @@ impl SoldOutEdge {
         }
         let now = Instant::now();
         let mut known = self.write();
+        // Read under the lock the events take: a gap that began before this is seen.
+        if self.epoch.load(Ordering::Acquire) != epoch {
+            return;
+        }
         if let Some(Known::Reopened {
             generation: floor,
             at,
@@ -155,14 +170,19 @@ impl SoldOutEdge {
                 );
             }
             Event::Subscribed => {
-                self.write().clear();
+                let mut known = self.write();
+                known.clear();
+                self.epoch.fetch_add(1, Ordering::AcqRel);
+                drop(known);
                 self.live.store(true, Ordering::Relaxed);
                 self.following.set(1.0);
             }
             Event::Lost => {
                 self.live.store(false, Ordering::Relaxed);
                 self.following.set(0.0);
-                self.write().clear();
+                let mut known = self.write();
+                known.clear();
+                self.epoch.fetch_add(1, Ordering::AcqRel);
             }
         }
     }
@@ -251,7 +271,7 @@ mod tests {
     fn a_flagged_410_is_repeated_until_its_ttl() {
         let edge = live(Duration::from_millis(50));
         assert!(edge.answer(7).is_none());
-        edge.learn(7, &replica_410(7, 3));
+        edge.learn(7, &replica_410(7, 3), edge.epoch());
         let answer = edge.answer(7).expect("answered at the edge");
         assert_eq!(answer.status, StatusCode::GONE);
         assert_eq!(answer.header(SOLD_OUT_HEADER), Some(&b"7 3"[..]));
@@ -267,11 +287,11 @@ mod tests {
     #[test]
     fn only_a_flagged_410_of_the_same_product_is_learnt() {
         let edge = live(Duration::from_secs(60));
-        edge.learn(7, &Response::new(StatusCode::GONE));
-        edge.learn(7, &replica_410(8, 1));
+        edge.learn(7, &Response::new(StatusCode::GONE), edge.epoch());
+        edge.learn(7, &replica_410(8, 1), edge.epoch());
         let mut conflict = replica_410(7, 1);
         conflict.status = StatusCode::CONFLICT;
-        edge.learn(7, &conflict);
+        edge.learn(7, &conflict, edge.epoch());
         assert!(edge.answer(7).is_none());
         assert!(edge.answer(8).is_none());
     }
@@ -279,7 +299,7 @@ mod tests {
     #[test]
     fn a_reopen_forgets_at_once_and_refuses_older_answers() {
         let edge = live(Duration::from_secs(60));
-        edge.learn(7, &replica_410(7, 3));
+        edge.learn(7, &replica_410(7, 3), edge.epoch());
         assert!(edge.answer(7).is_some());
         edge.on_event(Event::Reopened {
             product_id: 7,
@@ -287,20 +307,20 @@ mod tests {
         });
         assert!(edge.answer(7).is_none(), "forgotten on the announcement");
         // Decided before the reopen, arriving after it.
-        edge.learn(7, &replica_410(7, 3));
+        edge.learn(7, &replica_410(7, 3), edge.epoch());
         assert!(edge.answer(7).is_none(), "a stale answer is not learnt");
         // Sold out again, under the new generation.
-        edge.learn(7, &replica_410(7, 4));
+        edge.learn(7, &replica_410(7, 4), edge.epoch());
         assert!(edge.answer(7).is_some());
     }
 
     #[test]
     fn nothing_is_answered_while_announcements_may_be_missed() {
         let edge = SoldOutEdge::new(Duration::from_secs(60));
-        edge.learn(7, &replica_410(7, 1));
+        edge.learn(7, &replica_410(7, 1), edge.epoch());
         assert!(edge.answer(7).is_none(), "not subscribed yet");
         edge.on_event(Event::Subscribed);
-        edge.learn(7, &replica_410(7, 1));
+        edge.learn(7, &replica_410(7, 1), edge.epoch());
         assert!(edge.answer(7).is_some());
         edge.on_event(Event::Lost);
         assert!(edge.answer(7).is_none(), "subscription lost");
@@ -309,9 +329,23 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_forwarded_across_a_gap_in_the_subscription_is_not_learnt() {
+        let edge = live(Duration::from_secs(60));
+        let before = edge.epoch();
+        // Lost and made again while the purchase was with the replica: a reopen may have
+        // been missed in between.
+        edge.on_event(Event::Lost);
+        edge.on_event(Event::Subscribed);
+        edge.learn(7, &replica_410(7, 1), before);
+        assert!(edge.answer(7).is_none());
+        edge.learn(7, &replica_410(7, 1), edge.epoch());
+        assert!(edge.answer(7).is_some());
+    }
+
+    #[test]
     fn a_zero_ttl_turns_the_edge_off() {
         let edge = live(Duration::ZERO);
-        edge.learn(7, &replica_410(7, 1));
+        edge.learn(7, &replica_410(7, 1), edge.epoch());
         assert!(edge.answer(7).is_none());
     }
 

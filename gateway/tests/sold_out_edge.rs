@@ -1,6 +1,6 @@
 //! A sold-out product's purchases answered by the gateway itself, and a unit put back on
-//! sale bought through the gateway within the bound (`docs/DESIGN.md` §4, "Sold out at the
-//! edge").
+//! sale bought through the gateway within the bound (`docs/DESIGN.md` §3, "Sold out,
+//! remembered outside Redis — and its bound").
 //!
 //! A binary of its own: the metrics recorder is process-wide, so the counts this test reads
 //! must not include other tests' requests.
@@ -70,7 +70,19 @@ async fn a_sold_out_product_is_answered_at_the_gateway_and_a_returned_unit_sells
     .await;
     let product = platform.create_product(1, -60).await;
     let first = user_token(501);
-    assert_eq!(platform.buy(product, &first).await.status(), 202);
+    let buy_with_key = || async {
+        platform
+            .client
+            .post(format!("{}/api/seckill/{product}", platform.gateway))
+            .bearer_auth(&first)
+            .header("idempotency-key", "first-try")
+            .send()
+            .await
+            .expect("purchase")
+    };
+    let bought = buy_with_key().await;
+    assert_eq!(bought.status(), 202);
+    let bought: Value = bought.json().await.expect("json");
     let order_id = final_result(&platform, product, &first).await["order_id"]
         .as_i64()
         .expect("an order");
@@ -113,6 +125,15 @@ async fn a_sold_out_product_is_answered_at_the_gateway_and_a_returned_unit_sells
         replica_before,
         "no late purchase reached the replica"
     );
+    // A retry of the first purchase with its key is the replica's to answer: the first answer.
+    let replayed = buy_with_key().await;
+    assert_eq!(
+        replayed.status(),
+        202,
+        "the key's first answer, not sold out"
+    );
+    let replayed: Value = replayed.json().await.expect("json");
+    assert_eq!(replayed["request_id"], bought["request_id"]);
 
     // A unit goes back on sale: the buyer cancels. This test hears the announcement too.
     let (heard_tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
