@@ -143,36 +143,14 @@ impl TestNamespace {
 
     /// Messages ready in `queue` (not counting unacked ones).
     pub async fn queue_depth(&self, channel: &lapin::Channel, queue: &str) -> u32 {
-        channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("passive declare")
-            .message_count()
+        passive_declare(channel, queue).await.message_count()
     }
 
     /// Consumers the broker counts on `queue`. A consumer whose connection died is removed
     /// in the same step that requeues its unacknowledged deliveries, so 0 here means they
     /// are back in the queue (and in [`Self::queue_depth`]).
     pub async fn queue_consumers(&self, channel: &lapin::Channel, queue: &str) -> u32 {
-        channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("passive declare")
-            .consumer_count()
+        passive_declare(channel, queue).await.consumer_count()
     }
 
     /// Drops the database, deletes the Redis keys and the AMQP objects.
@@ -258,6 +236,21 @@ impl SendAs for reqwest::RequestBuilder {
         sign_request(&mut request, service, user_id, roles);
         client.execute(request).await
     }
+}
+
+/// `queue` as the broker counts it now (a passive declare: it must exist).
+async fn passive_declare(channel: &lapin::Channel, queue: &str) -> lapin::Queue {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("passive declare")
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, failing the test after `timeout`.
