@@ -49,7 +49,7 @@ pub struct Application {
 struct Reopened {
     urls: Vec<String>,
     channel: String,
-    flags: Cache<i64, u64>,
+    flags: Cache<i64, ()>,
     floors: Cache<i64, u64>,
 }
 

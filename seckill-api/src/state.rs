@@ -26,11 +26,11 @@ pub struct AppState {
     pub keys: RedisKeys,
     /// Verifies the gateway's identity credentials (the routes' middleware holds it).
     pub identity: IdentityVerifier,
-    /// Products this replica saw sold out recently, with the generation of their flag:
-    /// answered 410 without Redis or Lua. Forgotten when units go back on sale (announced
+    /// Products this replica saw flagged sold out in Redis recently: answered 410 without
+    /// Redis or Lua. Forgotten when units go back on sale (announced
     /// on the reopened channel, see `seckill_store::reopened`) and in any case after
     /// `sold_out_local_ttl_ms`, should an announcement be missed.
-    pub sold_out: Cache<i64, u64>,
+    pub sold_out: Cache<i64, ()>,
     /// The generation each product was last announced reopened at (for a minute): a
     /// sold-out decision of an older one predates the reopen and is neither remembered nor
     /// told to the gateway.

@@ -374,7 +374,7 @@ async fn decide(
                 if generation < floor().await {
                     flag = None;
                 } else {
-                    state.sold_out.insert(product_id, generation).await;
+                    state.sold_out.insert(product_id, ()).await;
                     // Announced between the check and the insert: the announcement's
                     // invalidation may have run first.
                     if generation < floor().await {
