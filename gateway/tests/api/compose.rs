@@ -184,15 +184,7 @@ fn gateway_reaches_each_backend_by_its_service_name_and_port() {
 
 #[test]
 fn gateway_and_backends_share_one_internal_key() {
-    let doc = compose();
-    let keys: BTreeSet<String> = OURS
-        .iter()
-        .map(|(name, _)| {
-            environment(service(&doc, name))
-                .remove("SECKILL_INTERNAL_KEY")
-                .unwrap_or_else(|| panic!("`{name}` does not set SECKILL_INTERNAL_KEY"))
-        })
-        .collect();
+    let keys = values_on_ours(&compose(), "SECKILL_INTERNAL_KEY");
     assert_eq!(keys.len(), 1, "different internal keys: {keys:?}");
 }
 
@@ -201,16 +193,19 @@ fn gateway_and_backends_share_one_redis() {
     // The gateway hears on it when units go back on sale (its sold-out answers, and the
     // replicas' local flags, are forgotten then); without it the gateway answers no
     // sold-out purchase itself.
-    let doc = compose();
-    let urls: BTreeSet<String> = OURS
-        .iter()
-        .map(|(name, _)| {
-            environment(service(&doc, name))
-                .remove("SECKILL_REDIS_URL")
-                .unwrap_or_else(|| panic!("`{name}` does not set SECKILL_REDIS_URL"))
-        })
-        .collect();
+    let urls = values_on_ours(&compose(), "SECKILL_REDIS_URL");
     assert_eq!(urls.len(), 1, "different Redis URLs: {urls:?}");
+}
+
+/// The distinct values `variable` has on our services; every one of them must set it.
+fn values_on_ours(doc: &Value, variable: &str) -> BTreeSet<String> {
+    OURS.iter()
+        .map(|(name, _)| {
+            environment(service(doc, name))
+                .remove(variable)
+                .unwrap_or_else(|| panic!("`{name}` does not set {variable}"))
+        })
+        .collect()
 }
 
 #[test]
