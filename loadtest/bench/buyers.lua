@@ -3,6 +3,8 @@
 --
 --   wrk -t2 -c64 -d8s --latency -s loadtest/bench/buyers.lua URL -- TOKENS PRODUCT_ID [once]
 --
+-- PRODUCT_ID `healthz` sends `GET /healthz` instead, with the same tokens: the gateway's
+-- own answer under exactly the client work of a flood.
 -- TOKENS holds one token a line. Thread i of T reads the i-th of T contiguous byte ranges of
 -- the file, one line per request, as it goes (nothing is loaded up front, so a file of a
 -- million tokens costs wrk no memory). No response() callback: wrk then parses no headers
@@ -75,8 +77,12 @@ function init(args)
   -- A request is this prefix, the token, this suffix: the same bytes wrk.format would build
   -- with the header, at a concatenation per request.
   local marker = "\1TOKEN\1"
-  local template = wrk.format("POST", "/api/seckill/" .. product_id,
-    { ["Authorization"] = "Bearer " .. marker }, "")
+  local method, path = "POST", "/api/seckill/" .. product_id
+  if product_id == "healthz" then
+    method, path = "GET", "/healthz"
+  end
+  local template = wrk.format(method, path, { ["Authorization"] = "Bearer " .. marker },
+    method == "POST" and "" or nil)
   local at = template:find(marker, 1, true)
   head = template:sub(1, at - 1)
   tail = template:sub(at + #marker)
