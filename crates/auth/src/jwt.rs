@@ -172,6 +172,8 @@ pub struct JwtVerifier {
     key: DecodingKey,
     validation: Validation,
     leeway_secs: i64,
+    /// HS256 checked without jsonwebtoken's repeated work ([`hs256`]); RS256 and EdDSA go through jsonwebtoken.
+    hs256: Option<hs256::Hs256>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -190,11 +192,8 @@ impl JwtVerifier {
             leeway_secs,
             ..ClaimRules::default()
         };
-        Self::with_key(
-            JwtAlgorithm::HS256,
-            DecodingKey::from_secret(secret.as_bytes()),
-            &rules,
-        )
+        Self::new(JwtAlgorithm::HS256, secret.as_bytes(), &rules)
+            .expect("an HS256 verifier takes any secret")
     }
 
     /// A verifier for `algorithm`: `key` is the shared secret for HS256, a PEM public key
@@ -202,7 +201,11 @@ impl JwtVerifier {
     /// for EdDSA.
     pub fn new(algorithm: JwtAlgorithm, key: &[u8], rules: &ClaimRules) -> Result<Self, KeyError> {
         let decoding_key = match algorithm {
-            JwtAlgorithm::HS256 => DecodingKey::from_secret(key),
+            JwtAlgorithm::HS256 => {
+                let mut verifier = Self::with_key(algorithm, DecodingKey::from_secret(key), rules);
+                verifier.hs256 = Some(hs256::Hs256::new(key, rules));
+                return Ok(verifier);
+            }
             JwtAlgorithm::RS256 | JwtAlgorithm::EdDSA => {
                 // jsonwebtoken would take a PKCS#1 RSA *private* key here and then refuse
                 // every token; say what is wrong at start instead.
@@ -248,6 +251,7 @@ impl JwtVerifier {
             key,
             validation,
             leeway_secs: i64::try_from(rules.leeway_secs).unwrap_or(i64::MAX),
+            hs256: None,
         }
     }
 
@@ -263,6 +267,23 @@ impl JwtVerifier {
 
     /// Checks algorithm, signature and claims, and returns the user id with the claims.
     pub fn verify(&self, token: &str) -> Result<(i64, Claims), TokenError> {
+        let now = chrono::Utc::now().timestamp();
+        let claims = match &self.hs256 {
+            Some(hs256) => hs256.verify(token, now.max(0).unsigned_abs())?,
+            None => self.decode(token)?,
+        };
+        self.finish(claims, now)
+    }
+
+    /// [`Self::verify`] through jsonwebtoken's `decode` whatever the algorithm: what the
+    /// HS256 path is tested against (`jwt/tests.rs`, the `jwt_hs256` fuzz target).
+    #[doc(hidden)]
+    pub fn verify_with_jsonwebtoken(&self, token: &str) -> Result<(i64, Claims), TokenError> {
+        let claims = self.decode(token)?;
+        self.finish(claims, chrono::Utc::now().timestamp())
+    }
+
+    fn decode(&self, token: &str) -> Result<Claims, TokenError> {
         let wire = decode::<WireClaims>(token, &self.key, &self.validation)
             .map_err(|e| TokenError::from_jwt(&e))?
             .claims;
@@ -270,16 +291,19 @@ impl JwtVerifier {
         let (Some(sub), Some(exp)) = (wire.sub, wire.exp) else {
             return Err(TokenError::MissingClaim);
         };
-        let claims = Claims {
+        Ok(Claims {
             sub,
             exp,
             iat: wire.iat,
             nbf: wire.nbf,
             roles: wire.roles,
-        };
+        })
+    }
+
+    /// The checks jsonwebtoken does not make: `iat` and the subject as a user id.
+    fn finish(&self, claims: Claims, now: i64) -> Result<(i64, Claims), TokenError> {
         // jsonwebtoken has no `iat` check: a token "issued" in the future is minted by a
         // clock or a hand we do not trust.
-        let now = chrono::Utc::now().timestamp();
         if claims
             .iat
             .is_some_and(|iat| iat > now.saturating_add(self.leeway_secs))
@@ -381,5 +405,6 @@ pub fn mint_token(secret: &str, user_id: i64, roles: &[&str], ttl_secs: i64) -> 
     TokenMinter::new(secret).mint(user_id, roles, ttl_secs)
 }
 
+mod hs256;
 #[cfg(test)]
 mod tests;

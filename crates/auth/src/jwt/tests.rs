@@ -269,3 +269,207 @@ fn algorithm_names_parse_as_configured() {
     }
     assert!(serde_json::from_str::<JwtAlgorithm>("\"none\"").is_err());
 }
+
+/// The HS256 path (`hs256.rs`) against jsonwebtoken's `decode` on tokens built to reach
+/// each of its branches: every header × every payload × every signature × four sets of
+/// rules, each token twice (a header is remembered after a token with it verifies). Same
+/// verdict, same claims, same reason.
+#[test]
+fn the_hs256_path_gives_jsonwebtokens_verdicts() {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+
+    const SECRET: &str = "a-differential-test-secret-32-by";
+    let t = now();
+    // No value within a minute of a bound: the two paths read the clock separately.
+    let times = [
+        json!(null),
+        json!(-5),
+        json!(0),
+        json!(t - 7200),
+        json!(t - 10),
+        json!(t + 7200),
+        json!(1.5),
+        json!(1e20),
+        json!("1999999999"),
+        json!(u64::MAX),
+        json!(true),
+    ];
+    let names = |accepted: &str| {
+        vec![
+            json!(null),
+            json!(accepted),
+            json!("someone-else"),
+            json!([accepted, "x"]),
+            json!(["x", "y"]),
+            json!([]),
+            json!([1]),
+            json!([accepted, 1]),
+            json!(5),
+            json!({ "a": accepted }),
+        ]
+    };
+    let base = json!({"sub": "42", "exp": t + 7200, "iat": t - 5, "roles": ["admin"],
+        "iss": "issuer-a", "aud": "audience-a"});
+    let mut payloads: Vec<String> = vec![base.to_string()];
+    let mut vary = |claim: &str, values: &[Value]| {
+        for value in values {
+            let mut payload = base.clone();
+            match value {
+                // Absent rather than null.
+                Value::Bool(false) => {
+                    payload.as_object_mut().expect("object").remove(claim);
+                }
+                value => payload[claim] = value.clone(),
+            }
+            payloads.push(payload.to_string());
+        }
+    };
+    let absent = json!(false);
+    vary(
+        "sub",
+        &[
+            absent.clone(),
+            json!(null),
+            json!("0"),
+            json!("-1"),
+            json!("alice"),
+            json!(""),
+            json!(42),
+            json!("9223372036854775808"),
+            json!(["42"]),
+        ],
+    );
+    vary("exp", &[&[absent.clone()][..], &times].concat());
+    vary("nbf", &times);
+    vary("iat", &times);
+    vary(
+        "roles",
+        &[
+            absent.clone(),
+            json!(null),
+            json!([]),
+            json!(["a", "b"]),
+            json!([1]),
+            json!("admin"),
+            json!({}),
+        ],
+    );
+    vary("iss", &[&[absent.clone()][..], &names("issuer-a")].concat());
+    vary(
+        "aud",
+        &[&[absent.clone()][..], &names("audience-a")].concat(),
+    );
+    payloads.extend([
+        // Escapes, repeats, whitespace, other JSON, not JSON.
+        format!(r#"{{"sub":"4\u0032","exp":{}}}"#, t + 7200),
+        format!(r#"{{"sub":"1","sub":"2","exp":{}}}"#, t + 7200),
+        format!(r#"{{"sub":"1","exp":{0},"exp":{0}}}"#, t + 7200),
+        format!(
+            r#"{{"sub":"1","exp":{},"iss":"issuer-a","iss":"issuer-a"}}"#,
+            t + 7200
+        ),
+        format!(
+            r#"{{"sub":"1","exp":{},"aud":"audience-a","aud":"x"}}"#,
+            t + 7200
+        ),
+        format!(r#"{{"sub":"1","exp":{},"iat":1,"iat":2}}"#, t + 7200),
+        format!(r#"  {{"sub":"1","exp":{}}}  "#, t + 7200),
+        format!(r#"{{"sub":"1","exp":{}}} x"#, t + 7200),
+        format!(
+            r#"{{"sub":"1","exp":{},"extra":{{"deep":[1,2,{{}}]}}}}"#,
+            t + 7200
+        ),
+        format!(r#"["42",{}]"#, t + 7200),
+        format!(r#"[{},null,"42"]"#, t + 7200),
+        format!(r#"{{"sub":"1","exp":{},"iss":["issuer-a"}}"#, t + 7200),
+        format!(
+            r#"{{"sub":"1","exp":{},"aud":{{"x":["audience-a"}}}}"#,
+            t + 7200
+        ),
+        format!(
+            r#"{{"sub":"1","exp":{},"iss":{}1{}}}"#,
+            t + 7200,
+            "[".repeat(200),
+            "]".repeat(200)
+        ),
+        r#"{"sub":"1","exp":{"sub":"2"},"nbf":[1,2]}"#.to_string(),
+        r#"{"exp":{"x":1},"sub":"1"}"#.to_string(),
+        "[]".into(),
+        "null".into(),
+        "5".into(),
+        r#""text""#.into(),
+        "{".into(),
+        String::new(),
+    ]);
+    let headers: Vec<String> = [
+        r#"{"alg":"HS256","typ":"JWT"}"#,
+        r#"{"typ":"JWT","alg":"HS256"}"#,
+        r#"{"alg":"HS256"}"#,
+        r#"{"alg":"HS256","kid":"k1","typ":"at+jwt"}"#,
+        r#"{"alg":"HS256","typ":5}"#,
+        r#"{"alg":"HS256","alg":"HS256"}"#,
+        r#"{"alg":"HS384"}"#,
+        r#"{"alg":"RS256"}"#,
+        r#"{"alg":"none"}"#,
+        r#"{"alg":"hs256"}"#,
+        r#"{}"#,
+        r#"["HS256"]"#,
+        "not json",
+    ]
+    .map(String::from)
+    .into();
+    let sign = |message: &str, secret: &str| {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("key");
+        mac.update(message.as_bytes());
+        B64.encode(mac.finalize().into_bytes())
+    };
+    let rule_sets = [
+        rules(&[], &[]),
+        rules(&["issuer-a", "issuer-b"], &[]),
+        rules(&[], &["audience-a"]),
+        rules(&["issuer-a"], &["audience-a"]),
+    ];
+    let (mut compared, mut accepted) = (0, 0);
+    for rules in &rule_sets {
+        let verifier =
+            JwtVerifier::new(JwtAlgorithm::HS256, SECRET.as_bytes(), rules).expect("hs256");
+        assert!(verifier.hs256.is_some(), "the HS256 path is the one tested");
+        for header in &headers {
+            for payload in &payloads {
+                let message = format!("{}.{}", B64.encode(header), B64.encode(payload));
+                let good = sign(&message, SECRET);
+                let tokens = [
+                    format!("{message}.{good}"),
+                    format!("{message}.{}", sign(&message, "another-secret")),
+                    format!("{message}.{good}="),
+                    format!("{message}.{}", &good[..good.len() - 2]),
+                    format!("{message}."),
+                    format!("{message}.{good}.{good}"),
+                    format!("x.{message}.{good}"),
+                    message.clone(),
+                    format!("{}.{good}", B64.encode(payload)),
+                ];
+                for token in &tokens {
+                    for _ in 0..2 {
+                        let fast = verifier.verify(token);
+                        let reference = verifier.verify_with_jsonwebtoken(token);
+                        assert_eq!(
+                            fast, reference,
+                            "{rules:?}: header {header} payload {payload} token {token}"
+                        );
+                        accepted += usize::from(fast.is_ok());
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    // The corpus reaches acceptance under every rule set, and far more refusals.
+    assert!(accepted >= 4 * 8, "{accepted} accepted of {compared}");
+    assert!(
+        compared > 10 * accepted,
+        "{accepted} accepted of {compared}"
+    );
+}
