@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes the gateway's hand-written HTTP/1.1 parsers with cargo-fuzz (libFuzzer): the
-# request head, the chunked body decoder and the upstream response head (the targets in
-# gateway/fuzz/fuzz_targets), each for a bounded time, one after the other on one core.
+# request head, the chunked body decoder and the upstream response head; and seckill-auth's
+# HS256 token check against jsonwebtoken (the targets in gateway/fuzz/fuzz_targets), each
+# for a bounded time, one after the other on one core.
 #
 #   scripts/fuzz.sh [--seconds N] [target...]     # default: 60 s each, every target
 #
