@@ -5,7 +5,7 @@ use seckill_auth::JwtAlgorithm;
 use seckill_config::{DEV_INTERNAL_KEY, DEV_JWT_SECRET, SecretCheck};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: seckill_alloc::MiMalloc = seckill_alloc::MiMalloc;
 
 // Connections are served on worker threads of their own (`serve`); this runtime only accepts
 // and runs housekeeping.

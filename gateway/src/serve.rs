@@ -54,7 +54,14 @@ impl Workers {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name(format!("gateway-worker-{index}"))
-                .spawn(move || runtime.block_on(stop.cancelled()))?;
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        tokio::select! {
+                            () = stop.cancelled() => {}
+                            () = give_memory_back() => {}
+                        }
+                    });
+                })?;
         }
         Ok(Self {
             workers,
@@ -67,6 +74,21 @@ impl Workers {
     fn next(&mut self) -> &(Handle, CancellationToken) {
         self.next = (self.next + 1) % self.workers.len();
         &self.workers[self.next]
+    }
+}
+
+/// How often a worker hands back what it freed ([`seckill_alloc::collect`]): the pages of
+/// the rate limiter's buckets that housekeeping dropped, every [`crate::ratelimit`]
+/// housekeeping interval, would otherwise stay with an idle worker.
+const COLLECT_EVERY: Duration = Duration::from_secs(10);
+
+/// Collects this worker's freed memory every [`COLLECT_EVERY`], for ever.
+async fn give_memory_back() {
+    let mut tick = tokio::time::interval(COLLECT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        seckill_alloc::collect();
     }
 }
 

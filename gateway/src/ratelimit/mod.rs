@@ -136,6 +136,9 @@ impl RateLimits {
                     _ = tick.tick() => {}
                 }
                 quotas.iter().for_each(MemoryQuota::forget_idle);
+                // What the dropped buckets' tables held, and this thread freed, goes back
+                // (the workers, which made most of it, collect on their own tick).
+                seckill_alloc::collect();
             }
         });
     }
