@@ -332,6 +332,13 @@ impl Settings {
     }
 
     fn validate_jwt(&self) -> Result<(), String> {
+        // Clock skew, not a lifetime: beyond an hour it is a mistake, and beyond the epoch's
+        // age jsonwebtoken's own arithmetic on it overflows.
+        if self.jwt_leeway_secs > MAX_JWT_LEEWAY_SECS {
+            return Err(format!(
+                "jwt_leeway_secs must be at most {MAX_JWT_LEEWAY_SECS} (clock skew, seconds)"
+            ));
+        }
         if self.jwt_algorithm == JwtAlgorithm::HS256 {
             if self.jwt_secret.expose().len() < 16 {
                 return Err("jwt_secret must be at least 16 bytes".into());
@@ -351,6 +358,9 @@ impl Settings {
         }
     }
 }
+
+/// The most clock skew `jwt_leeway_secs` may tolerate.
+const MAX_JWT_LEEWAY_SECS: u64 = 3600;
 
 /// The fastest quota a bucket can express: one request per microsecond.
 const MAX_RATE_PER_SEC: u32 = 1_000_000;
@@ -471,6 +481,20 @@ mod tests {
             ..inline
         };
         assert!(both.validate().is_err());
+    }
+
+    #[test]
+    fn a_leeway_beyond_an_hour_is_refused() {
+        let hour = Settings {
+            jwt_leeway_secs: MAX_JWT_LEEWAY_SECS,
+            ..Settings::default()
+        };
+        assert_eq!(hour.validate(), Ok(()));
+        let more = Settings {
+            jwt_leeway_secs: MAX_JWT_LEEWAY_SECS + 1,
+            ..hour
+        };
+        assert!(more.validate().is_err());
     }
 
     #[test]

@@ -22,7 +22,9 @@
 //! 4. `exp` and `sub` are required, and `iss` and `aud` when configured; `exp` and `nbf`
 //!    must be non-negative numbers (an unreadable `nbf` is malformed), `iss` and `aud` a
 //!    string or an array of strings;
-//! 5. `exp` must not be before now less the leeway, `nbf` not after now plus it;
+//! 5. `exp` must not be before now less the leeway, `nbf` not after now plus it (a leeway
+//!    beyond the epoch's age, where `decode`'s unsigned arithmetic overflows, saturates
+//!    here: the gateway's settings refuse one over an hour);
 //! 6. a configured `iss` (`aud`): the token's one value, or one of its array, is accepted.
 
 use std::borrow::Cow;
