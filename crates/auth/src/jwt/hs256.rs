@@ -202,8 +202,10 @@ impl Hs256 {
                 Some(kept) if **kept == *header => return,
                 Some(_) => {}
                 None => {
-                    // Lost to another thread's header: the next free slot takes it.
-                    if slot.set(header.into()).is_ok() {
+                    // Lost to another thread: done if it kept the same header, else the
+                    // next free slot takes this one.
+                    if slot.set(header.into()).is_ok() || slot.get().is_some_and(|k| **k == *header)
+                    {
                         return;
                     }
                 }
