@@ -9,8 +9,9 @@
 # Then, for the whole suite (no arguments), the fault matrix's fast scenarios
 # (`scripts/chaos.sh --fast` on the binaries the tests built; its own stores, a few minutes);
 # SECKILL_TEST_CHAOS=0 skips it, =1 runs it with arguments too.
-# Last, likewise, the HTTP/1.1 parsers fuzzed for 60 s per target (`scripts/fuzz.sh`, a few
-# minutes with its build); SECKILL_TEST_FUZZ=0 skips it, =1 runs it with arguments too.
+# Last, likewise, the HTTP/1.1 parsers and the HS256 token check fuzzed for 60 s per target
+# (`scripts/fuzz.sh`, a few minutes with its build); SECKILL_TEST_FUZZ=0 skips it, =1 runs it
+# with arguments too.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -73,7 +74,7 @@ if [ "$chaos" = 1 ]; then
 fi
 fuzz=${SECKILL_TEST_FUZZ:-$((($# == 0) ? 1 : 0))}
 if [ "$fuzz" = 1 ]; then
-  say "the HTTP/1.1 parsers fuzzed: scripts/fuzz.sh --seconds 60"
+  say "the HTTP/1.1 parsers and the HS256 check fuzzed: scripts/fuzz.sh --seconds 60"
   fuzz_status=0
   "$SCRIPTS/fuzz.sh" --seconds 60 2>&1 | tee -a "$log" || fuzz_status=$?
   if ((fuzz_status != 0)); then
