@@ -43,6 +43,23 @@ struct WireClaims {
     roles: Vec<String>,
 }
 
+impl WireClaims {
+    /// The claims of a token that passed validation, which required `sub` and `exp`: a
+    /// missing one never gets here.
+    fn into_claims(self) -> Result<Claims, TokenError> {
+        let (Some(sub), Some(exp)) = (self.sub, self.exp) else {
+            return Err(TokenError::MissingClaim);
+        };
+        Ok(Claims {
+            sub,
+            exp,
+            iat: self.iat,
+            nbf: self.nbf,
+            roles: self.roles,
+        })
+    }
+}
+
 /// The one signature algorithm a verifier accepts, chosen by configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum JwtAlgorithm {
@@ -284,20 +301,10 @@ impl JwtVerifier {
     }
 
     fn decode(&self, token: &str) -> Result<Claims, TokenError> {
-        let wire = decode::<WireClaims>(token, &self.key, &self.validation)
+        decode::<WireClaims>(token, &self.key, &self.validation)
             .map_err(|e| TokenError::from_jwt(&e))?
-            .claims;
-        // Validation required both; a missing one never gets here.
-        let (Some(sub), Some(exp)) = (wire.sub, wire.exp) else {
-            return Err(TokenError::MissingClaim);
-        };
-        Ok(Claims {
-            sub,
-            exp,
-            iat: wire.iat,
-            nbf: wire.nbf,
-            roles: wire.roles,
-        })
+            .claims
+            .into_claims()
     }
 
     /// The checks jsonwebtoken does not make: `iat` and the subject as a user id.

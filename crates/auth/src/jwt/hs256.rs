@@ -249,16 +249,6 @@ impl Hs256 {
         if !accepted(&registered.aud, &self.audiences) {
             return Err(TokenError::WrongAudience);
         }
-        // Both were read as registered claims; the platform's reading agrees on presence.
-        let (Some(sub), Some(exp)) = (wire.sub, wire.exp) else {
-            return Err(TokenError::MissingClaim);
-        };
-        Ok(Claims {
-            sub,
-            exp,
-            iat: wire.iat,
-            nbf: wire.nbf,
-            roles: wire.roles,
-        })
+        wire.into_claims()
     }
 }
