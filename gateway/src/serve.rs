@@ -77,14 +77,11 @@ impl Workers {
     }
 }
 
-/// How often a worker hands back what it freed ([`seckill_alloc::collect`]): the pages of
-/// the rate limiter's buckets that housekeeping dropped, every [`crate::ratelimit`]
-/// housekeeping interval, would otherwise stay with an idle worker.
-const COLLECT_EVERY: Duration = Duration::from_secs(10);
-
-/// Collects this worker's freed memory every [`COLLECT_EVERY`], for ever.
+/// Collects this worker's freed memory ([`seckill_alloc::collect`]) at the pace of the rate
+/// limiter's housekeeping, for ever: the pages of the buckets it dropped would otherwise stay
+/// with an idle worker.
 async fn give_memory_back() {
-    let mut tick = tokio::time::interval(COLLECT_EVERY);
+    let mut tick = tokio::time::interval(crate::ratelimit::HOUSEKEEPING_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
