@@ -6,7 +6,7 @@ use seckill_api::{Application, Settings};
 // glibc's malloc, free and consolidation were a fifth of this process' CPU under purchase load,
 // mimalloc about an eighth (docs/benchmarks.md, "accepted path"); the gateway uses it too.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: seckill_alloc::MiMalloc = seckill_alloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -1,5 +1,5 @@
-//! The gateway's allocator, mimalloc, and the one call into it that safe Rust cannot make:
-//! [`collect`]. (seckill-api runs on mimalloc too, through the `mimalloc` crate.)
+//! The allocator of the gateway and seckill-api, mimalloc, and the one call into it that
+//! safe Rust cannot make: [`collect`] (the gateway's workers call it).
 //!
 //! mimalloc keeps a freed page with the thread that allocated it until that thread
 //! allocates or collects again, and a page freed by another thread waits for its owner the
