@@ -68,10 +68,33 @@ pub const HEADER_ERROR_MESSAGE: &str = "x-error-message";
 /// AMQP header a quorum queue sets on a redelivery: how often it returned the message.
 pub const HEADER_DELIVERY_COUNT: &str = "x-delivery-count";
 
-/// Opens a connection to `url`, retrying with backoff for about `patience`.
+/// Longest one connection attempt (TCP connect and AMQP handshake) may take: RabbitMQ's
+/// own `handshake_timeout` default. lapin's connect can wait forever when the broker closes
+/// the connection just after `Connection.Tune` (a broker stopping as a worker connects), and
+/// a worker stuck in its connect never reconnects. An attempt given up on leaves its socket
+/// to whichever end closes it first (RabbitMQ ends a handshake after those same 10 s).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens a connection to `url`, retrying with backoff for about `patience`; each attempt is
+/// bounded by [`CONNECT_TIMEOUT`], and all of them together by about `patience` +
+/// [`CONNECT_TIMEOUT`] (the backoff counts only its own waits, not the attempts).
 pub async fn connect(url: &str, name: &str, patience: Duration) -> anyhow::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    (|| Connection::connect(url, properties.clone()))
+    let attempt = || async {
+        match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(url, properties.clone()),
+        )
+        .await
+        {
+            Ok(connected) => connected.map_err(anyhow::Error::from),
+            Err(_) => Err(anyhow::anyhow!(
+                "no AMQP handshake within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            )),
+        }
+    };
+    let attempts = attempt
         .retry(
             ExponentialBuilder::default()
                 .with_min_delay(Duration::from_millis(200))
@@ -80,9 +103,22 @@ pub async fn connect(url: &str, name: &str, patience: Duration) -> anyhow::Resul
                 .without_max_times()
                 .with_jitter(),
         )
-        .notify(|e, wait| tracing::warn!(error = %e, ?wait, "rabbitmq not ready, retrying"))
-        .await
-        .context("connect to rabbitmq")
+        .notify(|e, wait| {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                ?wait,
+                "rabbitmq not ready, retrying"
+            )
+        });
+    // A second more, so that an attempt under way ends with its own error.
+    let deadline = patience + CONNECT_TIMEOUT + Duration::from_secs(1);
+    match tokio::time::timeout(deadline, attempts).await {
+        Ok(connected) => connected.context("connect to rabbitmq"),
+        Err(_) => Err(anyhow::anyhow!(
+            "connect to rabbitmq: no connection within {} s",
+            deadline.as_secs()
+        )),
+    }
 }
 
 #[cfg(test)]
