@@ -28,7 +28,7 @@
 # runs the three HTTP scenarios too, in the same rounds. With --million there are no rounds:
 # 1,000,000 (--buyers N) purchases, each from its own buyer, flood a sold-out product once,
 # and each service's RSS is printed before, right after and while idle (--idle-secs, past the
-# gateway's one-minute eviction of rate-limit state).
+# gateway's ten-second shrink of its rate-limit tables and hand-back of freed memory).
 #
 # Tokens: seckill-token mints each run's buyers into a file (one token a line) before the
 # run, sized from the warm-up's rate; loadtest/bench/buyers.lua feeds them to wrk. Rate

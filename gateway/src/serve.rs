@@ -77,8 +77,9 @@ impl Workers {
     }
 }
 
-/// Collects this worker's freed memory ([`seckill_alloc::collect`]) at the pace of the rate
-/// limiter's housekeeping, for ever: the pages of the buckets it dropped would otherwise stay
+/// Collects this worker's freed memory ([`seckill_alloc::collect`]) every
+/// [`HOUSEKEEPING_INTERVAL`](crate::ratelimit::HOUSEKEEPING_INTERVAL), when the rate limiter's
+/// tables are shrunk too, for ever: the pages of the buckets it dropped would otherwise stay
 /// with an idle worker.
 async fn give_memory_back() {
     let mut tick = tokio::time::interval(crate::ratelimit::HOUSEKEEPING_INTERVAL);

@@ -80,9 +80,13 @@ impl MemoryQuota {
         }
     }
 
-    /// Forgets keys whose buckets are full again, and the memory they held.
+    /// Forgets keys whose buckets are full again.
     pub fn forget_idle(&self) {
         self.config.limiter().retain_recent();
+    }
+
+    /// Shrinks the tables to the keys they hold: the memory of forgotten keys goes back.
+    pub fn shrink(&self) {
         self.config.limiter().shrink_to_fit();
     }
 
