@@ -1,16 +1,17 @@
 //! Authentication at the gateway: bearer token → verified user id and roles.
 //!
-//! [`Authenticator::authenticate`] only says what it found (a [`Caller`] or the reason there is none): the
-//! request path ([`crate::pipeline`]) charges a verified user per user and everyone else —
-//! garbage tokens included — per client address, and refuses the request afterwards if its
-//! route needs a caller.
+//! [`Authenticator::known`] and [`Authenticator::check`] only say what they found (a
+//! [`Caller`] or the reason there is none): the request path ([`crate::pipeline`]) charges a
+//! verified user per user and everyone else — garbage tokens included — per client address,
+//! and refuses the request afterwards if its route needs a caller.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use anyhow::Context;
 use axum::http::StatusCode;
+use hashbrown::HashTable;
 
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
 use thread_local::ThreadLocal;
@@ -70,18 +71,49 @@ pub fn verifier(settings: &Settings) -> anyhow::Result<JwtVerifier> {
 /// on (`nbf` and `iat` cannot turn a passed token back into a refused one). Only tokens that
 /// verified are kept, so a flood of garbage cannot push real ones out, and refused tokens
 /// are checked in full every time.
+///
+/// A request's token is hashed once ([`Self::bearer`]), with a seeded hash, and that hash
+/// serves the lookup, the full check's second lookup and the insert: under a flood of
+/// one-shot buyers every token is new, and hashing its ~200 bytes three times over was a
+/// visible share of the request.
 pub struct Authenticator {
     verifier: JwtVerifier,
     capacity: usize,
-    verified: ThreadLocal<RefCell<HashMap<Box<str>, Verified>>>,
+    verified: ThreadLocal<RefCell<HashTable<Verified>>>,
+    hasher: foldhash::fast::RandomState,
     /// `gateway_token_verifications_total`, looked up once.
     verifications: metrics::Counter,
 }
 
 struct Verified {
+    /// The token's hash ([`Bearer::hash`]).
+    hash: u64,
+    token: Box<str>,
     caller: Arc<Caller>,
     /// Unix seconds after which the token is refused.
     valid_until: i64,
+}
+
+/// The bearer token of a request, hashed for the table of verified tokens.
+#[derive(Clone, Copy)]
+pub struct Bearer<'a> {
+    token: &'a str,
+    hash: u64,
+}
+
+impl std::fmt::Debug for Bearer<'_> {
+    /// Never the token: it is a credential.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bearer")
+            .field("len", &self.token.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bearer<'_> {
+    fn names(&self, verified: &Verified) -> bool {
+        verified.hash == self.hash && *verified.token == *self.token
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -101,52 +133,70 @@ impl Authenticator {
             verifier,
             capacity,
             verified: ThreadLocal::new(),
+            hasher: foldhash::fast::RandomState::default(),
             verifications: metrics::counter!("gateway_token_verifications_total"),
         }
     }
 
+    /// The bearer token in `authorization` (the header's value), if there is a non-empty
+    /// one.
+    pub fn bearer<'a>(&self, authorization: Option<&'a [u8]>) -> Option<Bearer<'a>> {
+        let token = authorization.and_then(bearer_token)?;
+        Some(Bearer {
+            token,
+            hash: self.hasher.hash_one(token),
+        })
+    }
+
     /// The caller of a token this worker thread verified before and is still valid: no
     /// signature check. `None` for any other (the caller charges those to the client's
-    /// pre-limit before [`Self::authenticate`] checks them in full).
-    pub fn known(&self, authorization: Option<&[u8]>) -> Option<Arc<Caller>> {
-        let token = authorization.and_then(bearer_token)?;
+    /// pre-limit before [`Self::check`] checks them in full).
+    pub fn known(&self, bearer: Option<&Bearer<'_>>) -> Option<Arc<Caller>> {
+        let bearer = bearer?;
         let verified = self.verified.get()?.borrow();
-        let known = verified.get(token)?;
+        let known = verified.find(bearer.hash, |v| bearer.names(v))?;
         (unix_now() <= known.valid_until).then(|| known.caller.clone())
     }
 
     /// The caller named by the bearer token in `authorization` (the header's value); on
     /// failure, the reason for logs and metrics.
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Caller>, &'static str> {
-        let token = authorization
-            .and_then(bearer_token)
-            .ok_or("missing_token")?;
+        self.check(self.bearer(authorization))
+    }
+
+    /// The caller named by `bearer` ([`Self::bearer`]), remembered or checked in full; on
+    /// failure, the reason for logs and metrics.
+    pub fn check(&self, bearer: Option<Bearer<'_>>) -> Result<Arc<Caller>, &'static str> {
+        let bearer = bearer.ok_or("missing_token")?;
         if self.capacity == 0 {
-            return self.verify(token).map(|(caller, _)| caller);
+            return self.verify(bearer.token).map(|(caller, _)| caller);
         }
         let now = unix_now();
         let mut verified = self.verified.get_or_default().borrow_mut();
-        if let Some(known) = verified.get(token) {
-            if now <= known.valid_until {
-                return Ok(known.caller.clone());
+        if let Ok(known) = verified.find_entry(bearer.hash, |v| bearer.names(v)) {
+            if now <= known.get().valid_until {
+                return Ok(known.get().caller.clone());
             }
-            verified.remove(token);
+            known.remove();
         }
-        let (caller, exp) = self.verify(token)?;
+        let (caller, exp) = self.verify(bearer.token)?;
         if verified.len() >= self.capacity {
-            verified.retain(|_, v| now <= v.valid_until);
+            verified.retain(|v| now <= v.valid_until);
             if verified.len() >= self.capacity {
                 // Still full of live tokens: start over rather than track recency.
                 verified.clear();
             }
         }
-        verified.insert(
-            token.into(),
+        verified.insert_unique(
+            bearer.hash,
             Verified {
+                hash: bearer.hash,
+                token: bearer.token.into(),
                 caller: caller.clone(),
                 // The verifier's own leeway: the cache accepts exactly what it would.
                 valid_until: exp.saturating_add(self.verifier.leeway_secs()),
             },
+            |v| v.hash,
         );
         Ok(caller)
     }
@@ -306,6 +356,17 @@ mod tests {
             );
             assert!(auth.cached_here() <= 2);
         }
+    }
+
+    #[test]
+    fn a_bearer_token_never_shows_in_debug_output() {
+        let auth = authenticator(5, 100);
+        let token = TokenMinter::new(SECRET).mint(11, &[], 60);
+        let header = bearer(&token);
+        let read = auth.bearer(header.as_deref()).expect("a bearer token");
+        let shown = format!("{read:?}");
+        assert!(!shown.contains(&token[..20]), "{shown}");
+        assert!(shown.contains("Bearer"), "{shown}");
     }
 
     #[test]

@@ -206,9 +206,10 @@ impl Pipeline {
             .client_ip(incoming.peer.ip(), head.values(Kind::ForwardedFor));
         let client = self.rate_limits.client_key(client);
         let authorization = head.value(Kind::Authorization);
+        let bearer = self.auth.bearer(authorization);
         // A token this worker verified before costs nothing; any other token is charged to
         // its client's pre-limit first, so a garbage-token flood pays for few signature checks.
-        let caller = match self.auth.known(authorization) {
+        let caller = match self.auth.known(bearer.as_ref()) {
             Some(caller) => Ok(caller),
             None => {
                 if authorization.is_some()
@@ -216,7 +217,7 @@ impl Pipeline {
                 {
                     return refusal;
                 }
-                self.auth.authenticate(authorization)
+                self.auth.check(bearer)
             }
         };
         let key = match &caller {
