@@ -217,10 +217,16 @@ fn sold_out(product_id: i64, generation: u64) -> Response {
     let mut response = Response::new(StatusCode::GONE);
     response.push_header(b"content-type", b"application/json");
     with_date(|date| response.push_header(b"date", date));
-    let mut value = itoa::Buffer::new().format(product_id).as_bytes().to_vec();
-    value.push(b' ');
-    value.extend_from_slice(itoa::Buffer::new().format(generation).as_bytes());
-    response.push_header(SOLD_OUT_HEADER.as_bytes(), &value);
+    // `<product id> <gen>`, put together on the stack: this runs for every purchase of the
+    // flood.
+    let (mut product, mut gen_buf) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (product, generation) = (product.format(product_id), gen_buf.format(generation));
+    let mut value = [0u8; 41];
+    let len = product.len() + 1 + generation.len();
+    value[..product.len()].copy_from_slice(product.as_bytes());
+    value[product.len()] = b' ';
+    value[product.len() + 1..len].copy_from_slice(generation.as_bytes());
+    response.push_header(SOLD_OUT_HEADER.as_bytes(), &value[..len]);
     response.body = Bytes::from_static(br#"{"code":"sold_out","message":"sold out"}"#);
     response
 }

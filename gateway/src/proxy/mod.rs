@@ -121,6 +121,10 @@ pub fn route(path: &str) -> Option<Route> {
 /// on the path as it came, and a backend that resolved such segments could see another
 /// route than the one that was authorised.
 pub fn has_dot_segment(path: &str) -> bool {
+    // Nearly every path has neither a dot nor an escape: no segment of it can be one.
+    if !path.bytes().any(|b| b == b'.' || b == b'%') {
+        return false;
+    }
     let is_dot = |s: &str| s == "." || s.eq_ignore_ascii_case("%2e");
     path.split('/').any(|segment| {
         is_dot(segment)
