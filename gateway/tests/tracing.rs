@@ -25,10 +25,18 @@ fn spans() -> &'static InMemorySpanExporter {
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(exporter.clone())
             .build();
+        // The services' own log lines too, into the output libtest shows for a failed test:
+        // its capture reaches the threads the test's thread spawned (the runtime's workers,
+        // lapin's I/O threads), not a thread a global started for another test.
         let subscriber = tracing_subscriber::registry()
             .with(tracing_subscriber::EnvFilter::new("info"))
             .with(seckill_telemetry::TraceIdLayer)
-            .with(seckill_telemetry::otel::layer(&provider, "test"));
+            .with(seckill_telemetry::otel::layer(&provider, "test"))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_test_writer(),
+            );
         tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
         seckill_telemetry::otel::installed(provider);
         exporter
