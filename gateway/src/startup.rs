@@ -126,7 +126,10 @@ impl Application {
             port,
             admin,
             admin_addr,
-            admin_router: seckill_http::layers::instrument(ops::router(probes), "gateway"),
+            admin_router: seckill_http::layers::instrument(
+                ops::router("gateway", probes),
+                "gateway",
+            ),
             pipeline,
             cancel,
             limits: ConnectionLimits {

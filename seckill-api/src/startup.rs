@@ -193,7 +193,7 @@ impl Application {
             ));
         }
         let router = seckill_http::layers::instrument(
-            crate::routes::router(state).merge(ops::router(probes)),
+            crate::routes::router(state).merge(ops::router("seckill-api", probes)),
             "seckill-api",
         );
 

@@ -16,9 +16,12 @@ pub type Probe = Arc<
     dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync + 'static,
 >;
 
-/// Routes `/healthz` (the process answers), `/readyz` (every dependency answers) and
-/// `/metrics` (Prometheus text).
-pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe)>) -> Router<S> {
+/// Routes `/healthz` (the process answers), `/readyz` (every dependency answers, and which
+/// service this is) and `/metrics` (Prometheus text).
+pub fn router<S: Clone + Send + Sync + 'static>(
+    service: &'static str,
+    probes: Vec<(&'static str, Probe)>,
+) -> Router<S> {
     // Taking the handle here installs the recorder at build time: metrics recorded before
     // it exists are dropped.
     let metrics = seckill_telemetry::metrics_handle();
@@ -29,7 +32,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(probes: Vec<(&'static str, Probe
             "/readyz",
             get(move || {
                 let probes = probes.clone();
-                async move { readiness(&probes).await }
+                async move { readiness(service, &probes).await }
             }),
         )
         .route(
@@ -49,7 +52,9 @@ pub fn flag_probe(flag: Arc<std::sync::atomic::AtomicBool>, failure: &'static st
     })
 }
 
-async fn readiness(probes: &[(&'static str, Probe)]) -> Response {
+/// The report names the service: whoever holds a port, a prober (a load balancer, a test
+/// harness waiting for the process it started) can tell its service from another's.
+async fn readiness(service: &'static str, probes: &[(&'static str, Probe)]) -> Response {
     let mut report = serde_json::Map::new();
     let mut ready = true;
     for (name, probe) in probes {
@@ -68,7 +73,7 @@ async fn readiness(probes: &[(&'static str, Probe)]) -> Response {
     };
     (
         status,
-        axum::Json(json!({ "ready": ready, "checks": report })),
+        axum::Json(json!({ "service": service, "ready": ready, "checks": report })),
     )
         .into_response()
 }

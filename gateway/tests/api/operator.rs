@@ -52,6 +52,7 @@ async fn the_operator_listener_serves_metrics_and_the_detailed_readiness() {
         .json()
         .await
         .expect("json");
+    assert_eq!(ready["service"], "gateway", "{ready}");
     assert_eq!(ready["ready"], true, "{ready}");
     assert_eq!(ready["checks"]["seckill-api"], "ok", "{ready}");
     assert_eq!(ready["checks"]["order-service"], "ok", "{ready}");

@@ -44,7 +44,8 @@ pub fn router(state: AppState, probes: Vec<(&'static str, Probe)>) -> Router {
     let (business, _description) = described().split_for_parts();
     let business = business.with_state(state);
     // Credentials are checked on the business routes only: ops routes take none.
-    let routes = seckill_auth::verified(business, identity).merge(ops::router(probes));
+    let routes =
+        seckill_auth::verified(business, identity).merge(ops::router("order-service", probes));
     seckill_http::layers::instrument(routes, "order-service")
 }
 

@@ -5,6 +5,7 @@ mod breaker;
 mod consume;
 mod helpers;
 mod lifecycle_metrics;
+mod ops;
 mod outage;
 mod parking;
 mod payment;

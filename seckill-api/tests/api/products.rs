@@ -124,7 +124,14 @@ async fn ops_endpoints_answer() {
             .send()
             .await
             .ok()?;
-        (response.status() == 200).then_some(())
+        if response.status() != 200 {
+            return None;
+        }
+        let report: serde_json::Value = response.json().await.ok()?;
+        // The report says whose it is: a prober can tell this service from another.
+        assert_eq!(report["service"], "seckill-api", "{report}");
+        assert_eq!(report["ready"], true, "{report}");
+        Some(())
     })
     .await;
     app.shutdown().await;
