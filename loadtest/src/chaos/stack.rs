@@ -191,13 +191,19 @@ impl Process {
                     self.log.display()
                 );
             }
-            // Our services' readiness report, not merely a 200 from whoever holds the port.
+            // This service's readiness report, not merely a 200 from whoever holds the port.
             if let Ok(response) = http.get(&url).send().await
-                && response.status().is_success()
                 && let Ok(report) = response.json::<serde_json::Value>().await
-                && report["ready"] == true
             {
-                return Ok(());
+                match readiness(self.role, &report) {
+                    Readiness::Ready => return Ok(()),
+                    Readiness::NotYet => {}
+                    Readiness::Foreign(other) => bail!(
+                        "port {ready_port} of {} is answered by {other}; see {}",
+                        self.role.binary(),
+                        self.log.display()
+                    ),
+                }
             }
             if Instant::now() >= deadline {
                 bail!(
@@ -209,6 +215,26 @@ impl Process {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// What a `/readyz` answer says of the service `role`.
+#[derive(Debug, PartialEq, Eq)]
+enum Readiness {
+    /// It is up and every dependency answers.
+    Ready,
+    /// Not (yet): a dependency is missing, or the report does not say whose it is.
+    NotYet,
+    /// Another service answers on its port: it will never be ready there.
+    Foreign(String),
+}
+
+/// The report names its service, so another process holding the port cannot pass for it.
+fn readiness(role: Role, report: &serde_json::Value) -> Readiness {
+    match report["service"].as_str() {
+        Some(service) if service != role.binary() => Readiness::Foreign(service.to_string()),
+        Some(_) if report["ready"] == true => Readiness::Ready,
+        _ => Readiness::NotYet,
     }
 }
 
@@ -231,13 +257,14 @@ impl Services {
         std::fs::create_dir_all(log_dir)
             .with_context(|| format!("create {}", log_dir.display()))?;
         let mut processes = Vec::new();
+        let mut ports = PortPicker::default();
         let mut add = |role: Role, replica: usize, extra: Vec<(String, String)>| {
-            let port = free_port()?;
+            let port = ports.pick()?;
             let mut env = common_env(wiring);
             env.push((role.port_variable().into(), port.to_string()));
             // Each gateway its own operator port: the default one would be shared.
             let admin_port = match role {
-                Role::Gateway => Some(free_port()?),
+                Role::Gateway => Some(ports.pick()?),
                 _ => None,
             };
             if let Some(admin) = admin_port {
@@ -290,6 +317,8 @@ impl Services {
             }
             add(Role::Gateway, replica, extra)?;
         }
+        // Every port is picked: let them go for the services to bind.
+        drop(ports);
         let mut services = Self {
             bin_dir: bin_dir.to_path_buf(),
             processes,
@@ -369,16 +398,75 @@ fn common_env(wiring: &Wiring) -> Vec<(String, String)> {
     .collect()
 }
 
-/// A port nobody listens on now, below the kernel's ephemeral range (32768 and up on Linux),
-/// where no `bind(0)` and no outgoing connection can take it between this check and the
-/// service's own bind: during a burst thousands of client sockets use ephemeral ports.
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..100 {
-        let random = u16::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..2].try_into()?);
-        let port = SERVICE_PORTS.start + random % (SERVICE_PORTS.end - SERVICE_PORTS.start);
-        if TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).is_ok() {
-            return Ok(port);
+/// Ports for one scenario's services: each nobody listens on now, below the kernel's
+/// ephemeral range (32768 and up on Linux), where no `bind(0)` and no outgoing connection can
+/// take it between this check and the service's own bind (during a burst thousands of client
+/// sockets use ephemeral ports). Each picked port stays bound here until the picker is
+/// dropped, so no two services of the scenario are given the same one: a backend that lost
+/// its port to a sibling would exit while the sibling answered its `/readyz`.
+#[derive(Default)]
+struct PortPicker {
+    held: Vec<TcpListener>,
+}
+
+impl PortPicker {
+    fn pick(&mut self) -> anyhow::Result<u16> {
+        for _ in 0..100 {
+            let random = u16::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..2].try_into()?);
+            let port = SERVICE_PORTS.start + random % (SERVICE_PORTS.end - SERVICE_PORTS.start);
+            if let Ok(listener) = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))) {
+                self.held.push(listener);
+                return Ok(port);
+            }
         }
+        bail!("no free port in {SERVICE_PORTS:?}")
     }
-    bail!("no free port in {SERVICE_PORTS:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn one_pickers_ports_are_distinct() {
+        // 400 draws from 12,000 ports repeat one with a probability above 99.8% unless the
+        // picker keeps them apart.
+        let mut picker = PortPicker::default();
+        let ports: Vec<u16> = (0..400).map(|_| picker.pick().expect("a port")).collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        assert!(ports.iter().all(|port| SERVICE_PORTS.contains(port)));
+    }
+
+    #[test]
+    fn only_the_started_services_readiness_counts() {
+        let report = |service: &str, ready: bool| {
+            let checks = serde_json::json!({});
+            serde_json::json!({ "service": service, "ready": ready, "checks": checks })
+        };
+        assert_eq!(
+            readiness(Role::Api, &report("seckill-api", true)),
+            Readiness::Ready
+        );
+        assert_eq!(
+            readiness(Role::Api, &report("seckill-api", false)),
+            Readiness::NotYet
+        );
+        // A sibling answering on the port is not the service it was asked about.
+        assert_eq!(
+            readiness(Role::Api, &report("order-service", true)),
+            Readiness::Foreign("order-service".into())
+        );
+        assert_eq!(
+            readiness(Role::Orders, &report("gateway", false)),
+            Readiness::Foreign("gateway".into())
+        );
+        // A report naming no service proves nothing.
+        assert_eq!(
+            readiness(Role::Gateway, &serde_json::json!({ "ready": true })),
+            Readiness::NotYet
+        );
+    }
 }
