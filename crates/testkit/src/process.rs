@@ -197,6 +197,12 @@ pub async fn assert_backend_listens_on_loopback_only(binary: &str, port_variable
         .spawn()
         .expect("start the backend on every interface");
     wait_healthy(&mut open, SocketAddr::from((public_ip, open_port))).await;
+    // Both still run: the answers came from them, not from whoever else held a port they
+    // lost (a backend binds only after its migrations, and exits when the bind fails).
+    for process in [&mut child, &mut open] {
+        let status = process.try_wait().expect("poll the backend");
+        assert!(status.is_none(), "{binary} exited: {status:?}");
+    }
     child.kill().await.expect("stop the backend");
     open.kill().await.expect("stop the backend");
     ns.cleanup().await;
