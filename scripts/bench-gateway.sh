@@ -152,7 +152,7 @@ taken=()
 free_port() {
     local port
     for _ in $(seq 200); do
-        port=$((20000 + RANDOM % 40000))
+        port=$((20000 + RANDOM % 12000)) # below the kernel's ephemeral range (32768 and up)
         [[ " ${taken[*]-} " == *" $port "* ]] && continue
         port_open "$port" && continue
         taken+=("$port")
