@@ -7,10 +7,19 @@ use seckill_config::{DEV_INTERNAL_KEY, DEV_JWT_SECRET, SecretCheck};
 #[global_allocator]
 static ALLOCATOR: seckill_alloc::MiMalloc = seckill_alloc::MiMalloc;
 
-// Connections are served on worker threads of their own (`serve`); this runtime only accepts
-// and runs housekeeping.
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // First, before the runtime allocates: in huge pages, mimalloc's arena is resident in
+    // 2 MiB steps (`seckill_alloc::no_huge_pages`).
+    seckill_alloc::no_huge_pages();
+    // Connections are served on worker threads of their own (`serve`); this runtime only
+    // accepts and runs housekeeping.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("gateway")?;
     let mut secrets: Vec<SecretCheck<'_>> = vec![(
         "SECKILL_INTERNAL_KEY",

@@ -8,8 +8,17 @@ use seckill_api::{Application, Settings};
 #[global_allocator]
 static ALLOCATOR: seckill_alloc::MiMalloc = seckill_alloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // First, before the runtime allocates: in huge pages, mimalloc's arena is resident in
+    // 2 MiB steps (`seckill_alloc::no_huge_pages`).
+    seckill_alloc::no_huge_pages();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let settings: Settings = seckill_config::load("api")?;
     let public = settings.backend.refuse_public_secrets()?;
     seckill_telemetry::init_tracing(
