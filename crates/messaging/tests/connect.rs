@@ -78,23 +78,35 @@ fn frame_len(bytes: &[u8]) -> Option<usize> {
     Some(8 + u32::from_be_bytes(size) as usize)
 }
 
-/// Reads from `from` until `pending` starts with a whole frame, and takes that frame.
-async fn whole_frame(from: &mut TcpStream, pending: &mut Vec<u8>, what: &str) -> Vec<u8> {
+/// Reads from `from` until `pending` starts with a whole frame, and takes that frame; an end
+/// of the stream is an `UnexpectedEof` error.
+async fn whole_frame(from: &mut TcpStream, pending: &mut Vec<u8>) -> std::io::Result<Vec<u8>> {
     let mut buf = [0u8; 4096];
     while frame_len(pending).is_none_or(|len| pending.len() < len) {
-        let n = from
-            .read(&mut buf)
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(n > 0, "{what}: closed during the handshake");
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
         pending.extend_from_slice(&buf[..n]);
     }
     let len = frame_len(pending).expect("a whole frame");
-    pending.drain(..len).collect()
+    Ok(pending.drain(..len).collect())
+}
+
+/// Where the proxy's part of a handshake stopped short.
+#[derive(Debug)]
+enum Short {
+    /// The client went first (closed, reset, or gave up): its attempt is over, which is all a
+    /// cut connect is judged by.
+    Client,
+    /// The real broker failed the proxy: the run proves nothing.
+    Broker(String),
 }
 
 /// Accepts one client and passes the handshake through until the broker's `frames`-th frame
-/// reached it, then ends the client's connection by `cut`.
+/// reached it, then ends the client's connection by `cut`. It also stops as soon as the
+/// client's attempt is over: a client that hangs where no cut expected it, and is then given
+/// up on, keeps its socket open, and must not keep the proxy waiting for its answer.
 ///
 /// The handshake is lock-step (the broker sends a frame only once the client answered the one
 /// before), so the proxy alternates: a broker frame to the client, the client's answer to
@@ -105,31 +117,56 @@ async fn proxy_once(
     frames: usize,
     cut: Cut,
     attempt_over: CancellationToken,
-) {
-    let (mut client, _) = listener.accept().await.expect("accept");
-    let mut server = TcpStream::connect(&broker).await.expect("reach the broker");
-    // The client speaks first: its protocol header, 8 bytes.
-    let mut header = [0u8; 8];
-    client.read_exact(&mut header).await.expect("client header");
-    server.write_all(&header).await.expect("forward");
-    let (mut from_server, mut from_client) = (Vec::new(), Vec::new());
-    for passed in 1..=frames {
-        let frame = whole_frame(&mut server, &mut from_server, "broker").await;
-        client.write_all(&frame).await.expect("pass a frame");
-        if passed == frames && matches!(cut, Cut::ResetNow) {
-            break;
+) -> Result<(), String> {
+    let relay = async {
+        let (mut client, _) = listener.accept().await.map_err(|_| Short::Client)?;
+        let mut server = TcpStream::connect(&broker)
+            .await
+            .map_err(|e| Short::Broker(format!("reach the broker: {e}")))?;
+        // The client speaks first: its protocol header, 8 bytes.
+        let mut header = [0u8; 8];
+        client
+            .read_exact(&mut header)
+            .await
+            .map_err(|_| Short::Client)?;
+        let to_broker = |e: std::io::Error| Short::Broker(format!("broker: {e}"));
+        server.write_all(&header).await.map_err(to_broker)?;
+        let (mut from_server, mut from_client) = (Vec::new(), Vec::new());
+        for passed in 1..=frames {
+            let frame = whole_frame(&mut server, &mut from_server)
+                .await
+                .map_err(to_broker)?;
+            client.write_all(&frame).await.map_err(|_| Short::Client)?;
+            if passed == frames && matches!(cut, Cut::ResetNow) {
+                break;
+            }
+            // The client's answer; the last one never reaches the broker.
+            let answer = whole_frame(&mut client, &mut from_client)
+                .await
+                .map_err(|_| Short::Client)?;
+            if passed < frames {
+                server.write_all(&answer).await.map_err(to_broker)?;
+            }
         }
-        // The client's answer; the last one never reaches the broker.
-        let answer = whole_frame(&mut client, &mut from_client, "client").await;
-        if passed < frames {
-            server.write_all(&answer).await.expect("forward");
-        }
-    }
+        Ok((client, server))
+    };
+    let (mut client, _server) = tokio::select! {
+        relayed = relay => match relayed {
+            Ok(sockets) => sockets,
+            Err(Short::Client) => return Ok(()),
+            Err(Short::Broker(why)) => return Err(why),
+        },
+        () = attempt_over.cancelled() => return Ok(()),
+    };
+    // The client may be gone already, whatever the cut: it has no say in what follows.
     match cut {
-        Cut::Reset | Cut::ResetNow => client.set_zero_linger().expect("SO_LINGER 0"),
-        Cut::Close => client.shutdown().await.expect("shutdown"),
+        Cut::Reset | Cut::ResetNow => {
+            let _ = client.set_zero_linger();
+        }
+        Cut::Close => {
+            let _ = client.shutdown().await;
+        }
         Cut::Forced => {
-            // The client may be gone already; it has no say in what follows.
             let _ = client.write_all(&connection_forced()).await;
             let _ = client.shutdown().await;
         }
@@ -139,6 +176,7 @@ async fn proxy_once(
             attempt_over.cancelled().await;
         }
     }
+    Ok(())
 }
 
 /// How one cut connect ended.
@@ -172,10 +210,11 @@ async fn cut_connect(frames: usize, cut: Cut) -> Result<Ended, String> {
     )
     .await;
     attempt_over.cancel();
-    // The client's attempt is over, so is the proxy's part (bounded all the same, lest a
-    // connect that failed before reaching it leave the proxy waiting for ever).
+    // The client's attempt is over, so is the proxy's part.
     match tokio::time::timeout(Duration::from_secs(5), proxy).await {
-        Ok(ran) => ran.expect("the proxy ran"),
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(why))) => return Err(format!("cut after {frames} frame(s) by {cut:?}: {why}")),
+        Ok(Err(panicked)) => return Err(format!("the proxy failed: {panicked}")),
         Err(_) => {
             return Err(format!(
                 "cut after {frames} frame(s) by {cut:?}: proxy stuck"
