@@ -13,6 +13,8 @@
 # (`scripts/fuzz.sh`, a few minutes with its build); SECKILL_TEST_FUZZ=0 skips it, =1 runs it
 # with arguments too.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
+# It ends with `tests: N passed, N failed`; after a failed run, first with a list of what
+# failed, so that the tail of a long log names it.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -85,5 +87,16 @@ fi
 totals=$(awk '/^test result:/ { passed += $4; failed += $6 }
   /^(chaos|fuzz): [0-9]+ passed, [0-9]+ failed$/ { passed += $2; failed += $4 }
   END { printf "%d passed, %d failed", passed, failed }' "$log")
+# What failed, named again at the very end: a kept tail of a long log then says which test,
+# scenario or target it was, and where it panicked.
+failures=$(awk '
+  /^thread .+ panicked at / { print; if ((getline message) > 0) print "  " message; next }
+  /^seckill-chaos: (.* \.\.\.|starting .*)$/ { next }
+  /^test .+ \.\.\. FAILED$|^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
+' "$log" | head -n 60 || true)
+if ((status != 0)) && [ -n "$failures" ]; then
+  echo "failures:"
+  sed 's/^/  /' <<<"$failures"
+fi
 echo "tests: $totals"
 exit "$status"
