@@ -12,7 +12,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::{Connection, ConnectionProperties};
+
+use crate::ports::{free_port, free_ports};
 
 /// How long a node may take to come up or go down before the test fails.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -80,12 +82,12 @@ impl OwnBroker {
             fs::create_dir_all(dir.join(sub))
                 .unwrap_or_else(|e| panic!("create {}: {e}", dir.join(sub).display()));
         }
-        let (amqp_port, dist_port) = free_ports();
+        let [amqp_port, dist_port] = free_ports();
         // Our own config and env files, so the machine's (/etc/rabbitmq: listeners on 5672,
         // NODENAME=rabbit@localhost) cannot leak into this node. `[].` rather than an empty
         // plugins file: an empty one is not a valid Erlang term. The management plugin, when
         // wanted, listens on a port of ours, never the shared broker's 15672.
-        let management_port = management.then(|| free_ports().0);
+        let management_port = management.then(free_port);
         match management_port {
             Some(port) => {
                 write(&dir.join("enabled_plugins"), "[rabbitmq_management].\n");
@@ -412,15 +414,6 @@ fn cli_script(tool: &str) -> PathBuf {
 
 fn write(path: &Path, contents: &str) {
     fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-}
-
-/// Two distinct ports nobody listens on now: both held at once, so they differ, then
-/// released for the node (a small race with other processes, fine on a test machine).
-fn free_ports() -> (u16, u16) {
-    let bind = || TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
-    let (a, b) = (bind(), bind());
-    let port = |l: &TcpListener| l.local_addr().expect("local addr").port();
-    (port(&a), port(&b))
 }
 
 fn read_pid(path: &Path) -> Option<u32> {

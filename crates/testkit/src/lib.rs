@@ -15,6 +15,7 @@ pub mod dns;
 pub mod latency_proxy;
 pub mod own_postgres;
 pub mod own_redis;
+pub mod ports;
 pub mod process;
 
 pub use broker::OwnBroker;
@@ -22,6 +23,7 @@ pub use broker_cluster::OwnBrokerCluster;
 pub use latency_proxy::LatencyProxy;
 pub use own_postgres::OwnPostgres;
 pub use own_redis::{OwnRedis, Persistence};
+pub use ports::{free_port, free_ports};
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -21,7 +21,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,6 +29,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sqlx::Connection;
+
+use crate::ports::free_port;
 
 /// How long a server may take to come up or go down before the test fails.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -511,15 +513,6 @@ fn effective_uid() -> Option<u32> {
     let status = fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|line| line.starts_with("Uid:"))?;
     line.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// A port nobody listens on now, released for the server (a small race with other
-/// processes, which [`OwnPostgres::start`] survives by picking another).
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
 }
 
 /// The postmaster's pid: the first line of `<data>/postmaster.pid`.

@@ -5,11 +5,12 @@
 //! (from `PATH`) on a free loopback port, its files in a temp dir of its own, as a child
 //! process killed when the value is dropped.
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::ports::free_port;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
@@ -41,10 +42,7 @@ impl OwnRedis {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("redis dir");
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = free_port();
         let mut redis = Self {
             dir,
             port,

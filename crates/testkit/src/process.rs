@@ -2,7 +2,7 @@
 //! start-up looks like (the refusal of public secrets, the default bind address) is only
 //! visible there, not in a service built in-process.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use crate::TestNamespace;
+pub use crate::ports::free_port;
 
 /// A command for `binary` that inherits none of the caller's `SECKILL_*` settings (a shell
 /// that sourced `scripts/lib.sh` exports secrets), with stdin closed and output captured.
@@ -82,14 +83,6 @@ pub async fn run_to_exit(command: &mut Command, limit: Duration) -> Output {
         .await
         .unwrap_or_else(|_| panic!("the process still ran after {limit:?}: it did not refuse"))
         .expect("wait for the process")
-}
-
-/// A TCP port free on every interface right now (for a process told to bind it).
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// An IPv4 address of this host other than loopback, if it has one: the source address the

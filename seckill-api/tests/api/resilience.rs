@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use seckill_testkit::{OwnBroker, SendAs, TestNamespace, eventually};
+use seckill_testkit::{OwnBroker, SendAs, TestNamespace, eventually, free_port};
 
 use crate::helpers::{create_product_at, settings_for};
 
@@ -260,12 +260,4 @@ async fn a_broker_outage_mid_sale_delays_orders_but_loses_and_duplicates_none() 
     api.stop().await;
     orders.stop().await;
     ns.cleanup().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
