@@ -22,6 +22,8 @@ pub struct TestApp {
     _connection: Connection,
     /// The queues of this app's retry tiers, where a message waits out a retry.
     retry_queues: Vec<String>,
+    /// Longer than a batch holds a delivery before failing it to a retry tier.
+    settle: std::time::Duration,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -51,6 +53,7 @@ pub async fn spawn_app_with(ns: TestNamespace, configure: impl FnOnce(&mut Setti
         .iter()
         .map(|tier| topology.retry_queue(u64::try_from(tier.as_millis()).expect("a short tier")))
         .collect();
+    let settle = settings.lock_timeout + std::time::Duration::from_secs(1);
     let app = Application::build(settings)
         .await
         .expect("build order-service");
@@ -67,6 +70,7 @@ pub async fn spawn_app_with(ns: TestNamespace, configure: impl FnOnce(&mut Setti
         signer,
         _connection: connection,
         retry_queues,
+        settle,
         stop,
         task: Some(task),
     }
@@ -240,8 +244,10 @@ impl TestApp {
     /// not in the queue while it waits out its retry tier, and comes back after: the queue
     /// counts as drained only when the retry tiers' queues are empty too.
     pub async fn stop_when_drained(&mut self) {
-        let mut queues = vec![self.ns.topology().queue];
-        queues.extend(self.retry_queues.iter().cloned());
+        // Tiers first: a message moving from a tier to the main queue between two reads is
+        // then seen in the second.
+        let mut queues = self.retry_queues.clone();
+        queues.push(self.ns.topology().queue);
         let waiting = || async {
             let mut waiting = 0;
             for queue in &queues {
@@ -249,12 +255,28 @@ impl TestApp {
             }
             waiting
         };
-        // The longest default tier is 30 s.
-        let wait = std::time::Duration::from_secs(60);
-        seckill_testkit::eventually("queue and retry tiers drained", wait, || async {
-            (waiting().await == 0).then_some(())
-        })
-        .await;
+        // The consumer's unacked deliveries show nowhere: one whose write fails (a lock held
+        // past `lock_timeout`) reaches a tier only later. So the backlog must stay empty for
+        // longer than that. The longest default tier is 30 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut empty_since = None;
+        loop {
+            let backlog = waiting().await;
+            if backlog > 0 {
+                empty_since = None;
+            } else if empty_since
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                >= self.settle
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backlog} message(s) still queued or waiting out a retry after 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         self.stop.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
