@@ -61,6 +61,8 @@ for mode in $modes; do
     *) die "unknown Redis mode '$mode' (single or cluster)" ;;
   esac
   say "cargo test ${scope[*]-} $* (Redis: $mode)"
+  # The pass, in the log too: the list of failures at the end says which one failed.
+  echo "cargo test pass: Redis $mode" >>"$log"
   cargo test "${scope[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
 done
 chaos=${SECKILL_TEST_CHAOS:-$((($# == 0) ? 1 : 0))}
@@ -90,9 +92,12 @@ totals=$(awk '/^test result:/ { passed += $4; failed += $6 }
 # What failed, named again at the very end: a kept tail of a long log then says which test,
 # scenario or target it was, and where it panicked.
 failures=$(awk '
+  /^cargo test pass: / { pass = $0; next }
   /^thread .+ panicked at / { print; if ((getline message) > 0) print "  " message; next }
+  /^  process didn.t exit successfully: .*signal/ { print; next }
   /^seckill-chaos: (.* \.\.\.|starting .*)$/ { next }
-  /^test .+ \.\.\. FAILED$|^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
+  /^test .+ \.\.\. FAILED$/ { print $0 (pass == "" ? "" : "  (" pass ")"); next }
+  /^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
 ' "$log" | head -n 60 || true)
 if ((status != 0)) && [ -n "$failures" ]; then
   echo "failures:"
