@@ -61,7 +61,11 @@ fn memory_touched_after_the_call_is_not_in_huge_pages() {
         return;
     }
 
-    assert_ne!(thp_enabled(), Some(false), "huge pages off before the call");
+    if thp_enabled() == Some(false) {
+        // Inherited from a parent that made the call, or mimalloc told to keep off them.
+        eprintln!("huge pages are off for this process already: nothing to compare against");
+        return;
+    }
     let (before, fallbacks) = (huge_kb(), thp_fallbacks());
     let first = touch();
     let grown_before = huge_kb().saturating_sub(before);
