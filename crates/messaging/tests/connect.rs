@@ -99,7 +99,7 @@ enum Short {
     /// The client went first (closed, reset, or gave up): its attempt is over, which is all a
     /// cut connect is judged by.
     Client,
-    /// The real broker failed the proxy: the run proves nothing.
+    /// The real broker, or the proxy's own listener, failed: the run proves nothing.
     Broker(String),
 }
 
@@ -119,7 +119,10 @@ async fn proxy_once(
     attempt_over: CancellationToken,
 ) -> Result<(), String> {
     let relay = async {
-        let (mut client, _) = listener.accept().await.map_err(|_| Short::Client)?;
+        let (mut client, _) = listener
+            .accept()
+            .await
+            .map_err(|e| Short::Broker(format!("the proxy's accept: {e}")))?;
         let mut server = TcpStream::connect(&broker)
             .await
             .map_err(|e| Short::Broker(format!("reach the broker: {e}")))?;
