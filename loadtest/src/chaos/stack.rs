@@ -7,7 +7,6 @@
 //! [`Services`]: the release binaries, one process per replica, which a scenario may kill
 //! with SIGKILL and start again on the same port.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -15,10 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
-use seckill_testkit::{OwnBroker, OwnPostgres, OwnRedis, Persistence};
-
-/// Where the services' ports are picked from.
-const SERVICE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+use seckill_testkit::{OwnBroker, OwnPostgres, OwnRedis, Persistence, free_port};
 
 /// How long a service may take to answer `/readyz` after it was (re)started.
 const READY_PATIENCE: Duration = Duration::from_secs(60);
@@ -257,14 +253,15 @@ impl Services {
         std::fs::create_dir_all(log_dir)
             .with_context(|| format!("create {}", log_dir.display()))?;
         let mut processes = Vec::new();
-        let mut ports = PortPicker::default();
         let mut add = |role: Role, replica: usize, extra: Vec<(String, String)>| {
-            let port = ports.pick()?;
+            // Below the ephemeral range, and never one handed out before in this process: no
+            // two services, stores or restarts of a scenario share a port.
+            let port = free_port();
             let mut env = common_env(wiring);
             env.push((role.port_variable().into(), port.to_string()));
             // Each gateway its own operator port: the default one would be shared.
             let admin_port = match role {
-                Role::Gateway => Some(ports.pick()?),
+                Role::Gateway => Some(free_port()),
                 _ => None,
             };
             if let Some(admin) = admin_port {
@@ -317,8 +314,6 @@ impl Services {
             }
             add(Role::Gateway, replica, extra)?;
         }
-        // Every port is picked: let them go for the services to bind.
-        drop(ports);
         let mut services = Self {
             bin_dir: bin_dir.to_path_buf(),
             processes,
@@ -398,47 +393,9 @@ fn common_env(wiring: &Wiring) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Ports for one scenario's services: each nobody listens on now, below the kernel's
-/// ephemeral range (32768 and up on Linux), where no `bind(0)` and no outgoing connection can
-/// take it between this check and the service's own bind (during a burst thousands of client
-/// sockets use ephemeral ports). Each picked port stays bound here until the picker is
-/// dropped, so no two services of the scenario are given the same one: a backend that lost
-/// its port to a sibling would exit while the sibling answered its `/readyz`.
-#[derive(Default)]
-struct PortPicker {
-    held: Vec<TcpListener>,
-}
-
-impl PortPicker {
-    fn pick(&mut self) -> anyhow::Result<u16> {
-        for _ in 0..100 {
-            let random = u16::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..2].try_into()?);
-            let port = SERVICE_PORTS.start + random % (SERVICE_PORTS.end - SERVICE_PORTS.start);
-            if let Ok(listener) = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))) {
-                self.held.push(listener);
-                return Ok(port);
-            }
-        }
-        bail!("no free port in {SERVICE_PORTS:?}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use super::*;
-
-    #[test]
-    fn one_pickers_ports_are_distinct() {
-        // 400 draws from 12,000 ports repeat one with a probability above 99.8% unless the
-        // picker keeps them apart.
-        let mut picker = PortPicker::default();
-        let ports: Vec<u16> = (0..400).map(|_| picker.pick().expect("a port")).collect();
-        let distinct: HashSet<u16> = ports.iter().copied().collect();
-        assert_eq!(distinct.len(), ports.len());
-        assert!(ports.iter().all(|port| SERVICE_PORTS.contains(port)));
-    }
 
     #[test]
     fn only_the_started_services_readiness_counts() {
