@@ -52,11 +52,18 @@ pub struct Motion {
     pub queued: u64,
     /// Compensations not yet carried out.
     pub compensating: i64,
+    /// Unpaid orders whose payment window is still open, where the scenario waits for them
+    /// to expire (their units come back when it does).
+    pub expiring: i64,
 }
 
 impl Motion {
     fn still(&self) -> bool {
-        self.unrecorded == 0 && self.outbox == 0 && self.queued == 0 && self.compensating == 0
+        self.unrecorded == 0
+            && self.outbox == 0
+            && self.queued == 0
+            && self.compensating == 0
+            && self.expiring == 0
     }
 }
 
@@ -70,6 +77,8 @@ pub struct Books {
     /// The management API's user and password.
     credentials: (String, Option<String>),
     namespace: String,
+    /// Whether open payment windows count as motion.
+    awaiting_expiry: bool,
 }
 
 #[derive(Deserialize)]
@@ -105,7 +114,34 @@ impl Books {
             ),
             credentials,
             namespace: namespace.to_string(),
+            awaiting_expiry: false,
         })
+    }
+
+    /// The same books, counting unpaid orders whose payment window is open as motion when
+    /// `awaiting` (a scenario whose orders expire waits for their units to come back).
+    pub fn awaiting_expiry(mut self, awaiting: bool) -> Self {
+        self.awaiting_expiry = awaiting;
+        self
+    }
+
+    /// Of the request ids `forged`: how many have an order row, and how many a parking-lot
+    /// entry.
+    pub async fn forgeries(&self, forged: &[Uuid]) -> anyhow::Result<(i64, i64)> {
+        let ordered: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM orders WHERE request_id = ANY($1)")
+                .bind(forged)
+                .fetch_one(self.probe.db())
+                .await
+                .context("looking up forged orders")?;
+        let ids: Vec<String> = forged.iter().map(Uuid::to_string).collect();
+        let parked: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE event_id = ANY($1)")
+                .bind(&ids)
+                .fetch_one(self.probe.db())
+                .await
+                .context("looking up parked forgeries")?;
+        Ok((ordered, parked))
     }
 
     /// Waits until every accepted purchase is recorded, the outbox is empty, the queues hold
@@ -160,11 +196,24 @@ impl Books {
         .fetch_one(self.probe.db())
         .await
         .context("counting pending compensations")?;
+        let expiring: i64 = if self.awaiting_expiry {
+            sqlx::query_scalar(
+                "SELECT count(*) FROM orders \
+                 WHERE product_id = $1 AND status = 'created' AND pay_by > now()",
+            )
+            .bind(product_id)
+            .fetch_one(self.probe.db())
+            .await
+            .context("counting orders in their payment window")?
+        } else {
+            0
+        };
         Ok(Motion {
             unrecorded,
             outbox: self.probe.outbox_len(product_id).await?,
             queued: self.queued().await?,
             compensating,
+            expiring,
         })
     }
 
@@ -213,9 +262,11 @@ impl Books {
             live: status != "cancelled",
         })
         .collect();
+        // A message refused for its signature holds nothing: nobody bought under it.
         let parked = sqlx::query_scalar::<_, String>(
             "SELECT event_id FROM dead_letters \
              WHERE product_id = $1 AND status IN ('pending', 'quarantined', 'redriven') \
+               AND error_code NOT IN ('unsigned', 'bad_signature') \
                AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.request_id::text = event_id)",
         )
         .bind(product_id)

@@ -16,6 +16,7 @@ use reqwest::header::{AUTHORIZATION, RETRY_AFTER};
 use reqwest::{Client, StatusCode};
 use serde::Deserialize;
 use tokio::sync::Mutex;
+use tokio::sync::mpsc::UnboundedSender;
 use uuid::Uuid;
 
 use crate::burst::{Buyer, Queued, TRANSPORT_ERROR};
@@ -36,6 +37,9 @@ pub struct Wave {
     pub concurrency: usize,
     /// `Some(deadline)`: retry until a definite answer or this long after the wave began.
     pub patience: Option<Duration>,
+    /// Where each buyer's `Authorization` goes when its `202` arrives, for those who
+    /// settle their orders while the wave goes on ([`super::settle`]).
+    pub accepted_to: Option<UnboundedSender<String>>,
 }
 
 /// One buyer's story.
@@ -117,7 +121,12 @@ pub async fn run(
             async move {
                 pacer.lock().await.tick().await;
                 let deadline = wave.patience.map(|p| began + p);
-                buy(client, &url, buyer, deadline, answered, accepted).await
+                let story = buy(client, &url, buyer, deadline, answered, accepted).await;
+                if let (Some(to), Some(_)) = (&wave.accepted_to, story.0.accepted) {
+                    // A settler that stopped listening only loses its own figures.
+                    let _ = to.send(buyer.authorization.clone());
+                }
+                story
             }
         })
         .buffer_unordered(wave.concurrency)

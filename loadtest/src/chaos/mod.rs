@@ -8,12 +8,16 @@
 //! - [`stack`]: the private stores and the service processes.
 //! - [`scenario`]: the rows of the matrix and their faults.
 //! - [`drive`]: the buyers: paced purchases, every answer kept per buyer.
+//! - [`settle`]: buyers paying, cancelling or leaving their orders to expire.
+//! - [`forge`]: the forger with broker access, and the operator tidying the parking lot.
 //! - [`books`]: the quiet wait and the ledger, read from the stores.
 //! - [`verdict`]: the invariants, as pure functions.
 
 pub mod books;
 pub mod drive;
+pub mod forge;
 pub mod scenario;
+pub mod settle;
 pub mod stack;
 pub mod verdict;
 
@@ -32,7 +36,8 @@ use crate::product;
 
 use self::books::Books;
 use self::drive::Wave;
-use self::scenario::Scenario;
+use self::scenario::{Sale, Scenario};
+use self::settle::Policy;
 use self::stack::{Services, Stores, Wiring};
 use self::verdict::{Figures, Violation};
 
@@ -77,6 +82,8 @@ pub struct Outcome {
     pub burst_answers: std::collections::BTreeMap<String, u64>,
     /// Wall time of the scenario.
     pub elapsed: Duration,
+    /// What the scenario's buyers and operator did beyond buying, for its line.
+    pub notes: Vec<String>,
 }
 
 impl Outcome {
@@ -108,6 +115,9 @@ impl Outcome {
             .map(|(status, n)| format!("{status}:{n}"))
             .collect();
         line.push_str(&format!("\n     burst answers {}", answers.join(" ")));
+        for note in &self.notes {
+            line.push_str(&format!("\n     {note}"));
+        }
         for v in &self.violations {
             line.push_str(&format!("\n     {}: {}", v.name, v.detail));
         }
@@ -155,7 +165,11 @@ pub async fn run_scenario(
         jwt_secret: format!("chaos-jwt-{}", uuid::Uuid::new_v4().simple()),
         internal_key: format!("chaos-internal-{}", uuid::Uuid::new_v4().simple()),
         order_signing_key: format!("chaos-orders-{}", uuid::Uuid::new_v4().simple()),
-        extra: settings.service_env.clone(),
+        extra: scenario
+            .service_env()
+            .into_iter()
+            .chain(settings.service_env.iter().cloned())
+            .collect(),
     };
     let log_dir = settings
         .log_dir
@@ -174,7 +188,8 @@ pub async fn run_scenario(
         &namespace,
         &wiring.management_url,
     )
-    .await?;
+    .await?
+    .awaiting_expiry(scenario.payment_window().is_some());
     let doomed_node = match &cluster {
         // The order queue's leader on a node the services are not connected to: losing it
         // makes the queue elect a new leader under their feet.
@@ -190,12 +205,39 @@ pub async fn run_scenario(
     // The burst the fault hits. It lands once a quarter of the stock is sold, so there are
     // purchases in flight and units left on both sides of it.
     let burst_buyers = burst::mint_buyers(&minter, 10_000, settings.users, TOKEN_TTL_SECS);
+    let later_first = 10_000 + settings.users as i64;
+    let later_count = u64::try_from(settings.stock.max(1)).unwrap_or(1);
+    let sale = Sale {
+        wiring: &wiring,
+        product_id,
+        later_users: (later_first..later_first + later_count as i64).collect(),
+    };
+    let mut notes = Vec::new();
     let wave = Wave {
         gateway_urls: gateways.clone(),
         product_id,
         rate_per_sec: settings.rate_per_sec,
         concurrency: settings.concurrency,
         patience: None,
+        accepted_to: None,
+    };
+    // Buyers who settle their orders do so while the wave and the fault go on.
+    let settling = |policy: Policy| {
+        let (to, from) = tokio::sync::mpsc::unbounded_channel();
+        let settler = settle::run(
+            &client,
+            &gateways[0],
+            product_id,
+            policy,
+            from,
+            settings.quiet_timeout,
+        );
+        (scenario.settles().then_some(to), settler)
+    };
+    let (burst_to, burst_settler) = settling(Policy::Mixed);
+    let burst_wave = Wave {
+        accepted_to: burst_to,
+        ..wave.clone()
     };
     let (answered, accepted) = (AtomicU64::new(0), AtomicU64::new(0));
     let trigger = u64::try_from(settings.stock / 4).unwrap_or(0).max(1);
@@ -213,25 +255,41 @@ pub async fn run_scenario(
                 proxy.as_ref(),
                 cluster.as_ref(),
                 doomed_node,
+                &sale,
             )
             .await
-            .map(|()| answered_before)
+            .map(|injected| (answered_before, injected))
     };
-    let (first, fault) = tokio::join!(
-        drive::run(&client, &wave, &burst_buyers, &answered, &accepted),
-        fault
-    );
-    let answered_at_fault =
+    let burst = async {
+        let tally = drive::run(&client, &burst_wave, &burst_buyers, &answered, &accepted).await;
+        // The wave's end closes the settler's channel.
+        drop(burst_wave);
+        tally
+    };
+    let (first, fault, burst_settled) = tokio::join!(burst, fault, burst_settler);
+    let (answered_at_fault, injected) =
         fault.with_context(|| format!("{}: injecting the fault", scenario.name()))?;
+    if scenario.settles() {
+        notes.push(format!("burst buyers settled: {burst_settled:?}"));
+    }
     let accepted_ids = |tallies: &[&drive::Tally]| -> Vec<uuid::Uuid> {
         tallies
             .iter()
             .flat_map(|t| t.stories.iter().filter_map(|s| s.accepted))
             .collect()
     };
-    let (quiet, motion) = books
+    let (mut quiet, mut motion) = books
         .wait_until_quiet(product_id, &accepted_ids(&[&first]), settings.quiet_timeout)
         .await;
+    if scenario.operated() {
+        let tidied = forge::operate(&client, &gateways[0], &minter, product_id)
+            .await
+            .with_context(|| format!("{}: tidying the parking lot", scenario.name()))?;
+        notes.push(format!("operator: {tidied:?}"));
+        (quiet, motion) = books
+            .wait_until_quiet(product_id, &accepted_ids(&[&first]), settings.quiet_timeout)
+            .await;
+    }
 
     // The buyers after the fault: patient, as many as the stock, so together they could
     // take every unit left.
@@ -241,11 +299,21 @@ pub async fn run_scenario(
         u64::try_from(settings.stock.max(1)).unwrap_or(1),
         TOKEN_TTL_SECS,
     );
+    let (later_to, later_settler) = settling(Policy::PayAll);
     let patient = Wave {
         patience: Some(settings.quiet_timeout),
+        accepted_to: later_to,
         ..wave
     };
-    let second = drive::run(&client, &patient, &later_buyers, &answered, &accepted).await;
+    let later = async {
+        let tally = drive::run(&client, &patient, &later_buyers, &answered, &accepted).await;
+        drop(patient);
+        tally
+    };
+    let (second, later_settled) = tokio::join!(later, later_settler);
+    if scenario.settles() {
+        notes.push(format!("later buyers settled: {later_settled:?}"));
+    }
     let (quiet_after, motion_after) = books
         .wait_until_quiet(
             product_id,
@@ -266,11 +334,12 @@ pub async fn run_scenario(
                 name: "not_quiet",
                 detail: format!(
                     "after the {wave}: {} accepted purchases unrecorded, outbox {}, queued {}, \
-                     compensations {} after {} s",
+                     compensations {}, orders in their payment window {} after {} s",
                     motion.unrecorded,
                     motion.outbox,
                     motion.queued,
                     motion.compensating,
+                    motion.expiring,
                     settings.quiet_timeout.as_secs()
                 ),
             });
@@ -283,6 +352,27 @@ pub async fn run_scenario(
                 "every buyer of the burst was answered before the fault (fewer than {trigger} 202s)"
             ),
         });
+    }
+    let forged = &injected.forgeries.fresh;
+    if scenario == Scenario::ForgedMessages {
+        notes.push(format!(
+            "forged {} under fresh ids, {} under genuine ones",
+            forged.len(),
+            injected.forgeries.under_genuine_ids
+        ));
+        let (ordered, parked) = books.forgeries(forged).await?;
+        if ordered > 0 {
+            violations.push(Violation {
+                name: "forged_orders",
+                detail: format!("{ordered} of {} forgeries became orders", forged.len()),
+            });
+        }
+        if parked != forged.len() as i64 {
+            violations.push(Violation {
+                name: "forgery_not_parked",
+                detail: format!("{parked} of {} forgeries in the parking lot", forged.len()),
+            });
+        }
     }
     let paused = first.paused + second.paused;
     if scenario == Scenario::RedisWiped && paused == 0 {
@@ -298,5 +388,6 @@ pub async fn run_scenario(
         paused,
         burst_answers: first.status_counts,
         elapsed: started.elapsed(),
+        notes,
     })
 }

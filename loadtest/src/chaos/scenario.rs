@@ -4,7 +4,34 @@ use std::time::Duration;
 
 use seckill_testkit::{LatencyProxy, OwnBrokerCluster};
 
-use super::stack::{Role, Services, Shape, Stores};
+use super::forge::{self, Forgeries};
+use super::stack::{Role, Services, Shape, Stores, Wiring};
+
+/// The orders' payment window in [`Scenario::RedisStalls`]: short enough that orders of the
+/// burst expire while Redis still stalls, long enough for a buyer to pay on a busy machine.
+const PAYMENT_WINDOW: Duration = Duration::from_secs(12);
+/// One `CLIENT PAUSE` of [`Scenario::RedisStalls`]: past the services' 2 s command timeout.
+const STALL: Duration = Duration::from_millis(2500);
+/// How long [`Scenario::RedisStalls`] keeps pausing Redis.
+const STALLING_FOR: Duration = Duration::from_secs(15);
+
+/// The sale a fault hits, for the faults that act on it rather than on a process.
+pub struct Sale<'a> {
+    /// How the services are wired (the broker, the database, the signing key).
+    pub wiring: &'a Wiring,
+    /// The product on sale.
+    pub product_id: i64,
+    /// Buyers who come after the fault: forgeries name them, so a forgery that sold in
+    /// their name or locked them out shows in the verdict.
+    pub later_users: Vec<i64>,
+}
+
+/// What a fault left behind for the verdict.
+#[derive(Debug, Default)]
+pub struct Injected {
+    /// Messages forged into the broker.
+    pub forgeries: Forgeries,
+}
 
 /// One row of the fault matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,11 +62,18 @@ pub enum Scenario {
     /// off the node the services use); the leader's node killed with SIGKILL mid-burst and
     /// left down.
     BrokerNodeLoss,
+    /// Redis stalling mid-burst: `CLIENT PAUSE` for 2.5 s (past the services' 2 s command
+    /// timeout), again and again for 15 s, while buyers pay, cancel or let a 12 s payment
+    /// window expire, so compensations run into the stalls.
+    RedisStalls,
+    /// Forged, unsigned and replayed order messages published into the broker mid-burst;
+    /// once quiet, an operator redrives everything parked, then ignores it.
+    ForgedMessages,
 }
 
 impl Scenario {
     /// Every scenario, in the order the matrix runs them.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::Baseline,
         Scenario::KillApi,
         Scenario::KillOrders,
@@ -47,6 +81,8 @@ impl Scenario {
         Scenario::RedisRestart,
         Scenario::RedisWiped,
         Scenario::SlowRedis,
+        Scenario::RedisStalls,
+        Scenario::ForgedMessages,
         Scenario::Replicas,
         Scenario::PostgresDown,
         Scenario::BrokerDown,
@@ -67,6 +103,8 @@ impl Scenario {
             Scenario::SlowRedis => "slow-redis",
             Scenario::Replicas => "two-replicas-each",
             Scenario::BrokerNodeLoss => "rabbitmq-node-lost",
+            Scenario::RedisStalls => "redis-stalls",
+            Scenario::ForgedMessages => "forged-messages",
         }
     }
 
@@ -101,6 +139,32 @@ impl Scenario {
         }
     }
 
+    /// Settings of its own for every service, before the operator's.
+    pub fn service_env(self) -> Vec<(String, String)> {
+        match self {
+            Scenario::RedisStalls => vec![(
+                "SECKILL_ORDER_PAYMENT_WINDOW_SECS".into(),
+                PAYMENT_WINDOW.as_secs().to_string(),
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The orders' payment window, when the scenario gives them one to expire in.
+    pub fn payment_window(self) -> Option<Duration> {
+        (self == Scenario::RedisStalls).then_some(PAYMENT_WINDOW)
+    }
+
+    /// Whether its buyers settle their orders (pay, cancel, let expire) as they get them.
+    pub fn settles(self) -> bool {
+        self == Scenario::RedisStalls
+    }
+
+    /// Whether an operator tidies the parking lot once the burst is quiet.
+    pub fn operated(self) -> bool {
+        self == Scenario::ForgedMessages
+    }
+
     /// Whether the services reach Redis through a latency proxy.
     pub fn needs_proxy(self) -> bool {
         self == Scenario::SlowRedis
@@ -114,8 +178,10 @@ impl Scenario {
         proxy: Option<&LatencyProxy>,
         cluster: Option<&OwnBrokerCluster>,
         doomed_node: usize,
-    ) -> anyhow::Result<()> {
+        sale: &Sale<'_>,
+    ) -> anyhow::Result<Injected> {
         let sleep = |secs: u64| tokio::time::sleep(Duration::from_secs(secs));
+        let mut injected = Injected::default();
         match self {
             Scenario::Baseline => {}
             Scenario::KillApi | Scenario::KillOrders | Scenario::KillGateway => {
@@ -166,7 +232,26 @@ impl Scenario {
                 sleep(3).await;
                 proxy.set_delay(Duration::ZERO);
             }
+            Scenario::RedisStalls => {
+                let redis = redis::Client::open(stores.redis.url())?;
+                let mut connection = redis.get_multiplexed_async_connection().await?;
+                let began = std::time::Instant::now();
+                while began.elapsed() < STALLING_FOR {
+                    redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(STALL.as_millis() as u64)
+                        .arg("ALL")
+                        .query_async::<()>(&mut connection)
+                        .await?;
+                    // Half a second of service between two stalls.
+                    tokio::time::sleep(STALL + Duration::from_millis(500)).await;
+                }
+            }
+            Scenario::ForgedMessages => {
+                injected.forgeries =
+                    forge::publish(sale.wiring, sale.product_id, &sale.later_users).await?;
+            }
         }
-        Ok(())
+        Ok(injected)
     }
 }
