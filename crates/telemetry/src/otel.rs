@@ -7,8 +7,11 @@
 //! - `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (default) or `grpc`.
 //! - `OTEL_SERVICE_NAME`: the service name, else the service's own.
 //!
-//! Spans are batched (a Tokio task sends them) and flushed by [`shutdown_tracing`]. The
-//! global propagator is W3C TraceContext.
+//! Spans are batched (a Tokio task sends them) and flushed by [`shutdown_tracing`]; a
+//! failed export is counted and logged ([`watched`]). The global propagator is W3C
+//! TraceContext.
+
+pub mod watched;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +58,17 @@ pub fn provider_from_env(service: &str) -> anyhow::Result<Option<SdkTracerProvid
             "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not supported (http/protobuf or grpc)"
         ),
     };
+    Ok(Some(batched(
+        watched::Watched::new(exporter, endpoint.trim()),
+        service,
+    )?))
+}
+
+/// A provider that batches spans into `exporter` on the current Tokio runtime.
+pub fn batched(
+    exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
+    service: &str,
+) -> anyhow::Result<SdkTracerProvider> {
     tokio::runtime::Handle::try_current().context("the batch exporter runs on a Tokio runtime")?;
     let processor =
         opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
@@ -62,12 +76,10 @@ pub fn provider_from_env(service: &str) -> anyhow::Result<Option<SdkTracerProvid
             opentelemetry_sdk::runtime::Tokio,
         )
         .build();
-    Ok(Some(
-        SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_resource(resource(service))
-            .build(),
-    ))
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(resource(service))
+        .build())
 }
 
 /// The resource naming the service: `OTEL_SERVICE_NAME`, else `service`.
