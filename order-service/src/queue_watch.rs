@@ -2,9 +2,12 @@
 //! queue of the topology (main, retry tiers, dead letters) on a connection of its own.
 //!
 //! A passive declare only reads: it creates nothing, changes no argument, and touches no
-//! consumer, so the watch cannot disturb the consumer (which has its own connection). A
-//! queue that does not exist answers 404, which closes the channel: the watch opens
-//! another and goes on with the next queue. The gauges (`amqp_queue_messages`,
+//! consumer, so the watch cannot disturb the consumer (which has its own connection). So
+//! that a first start on a fresh broker asks for no queue before it exists, the watch
+//! declares the topology once per connection, as every other part does (the same
+//! arguments, from the same settings). A queue that does not exist all the same (deleted
+//! by hand) answers 404, which closes the channel: the watch opens another and goes on
+//! with the next queue. The gauges (`amqp_queue_messages`,
 //! `amqp_queue_consumers`, labelled by `queue` and `role`) keep their last value while the
 //! broker is unreachable. The parking lot is a Postgres table, not a queue: its inflow is
 //! `orders_parked_total`.
@@ -96,6 +99,10 @@ impl Supervised for QueueWatch {
             seckill_messaging::connect(&self.amqp_url, "order-service queue watch", Duration::ZERO)
                 .await?;
         let mut channel = connection.create_channel().await?;
+        self.topology
+            .declare(&channel)
+            .await
+            .map_err(|e| anyhow::Error::from(e).context("declare the topology"))?;
         health.healthy();
         let queues = self.queues();
         let mut tick = tokio::time::interval(self.every);
