@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use lapin::{Connection, ConnectionProperties};
 
+use crate::orphans::{self, signal};
 use crate::ports::{free_port, free_ports};
 
 /// How long a node may take to come up or go down before the test fails.
@@ -433,38 +434,10 @@ fn node_alive(pid: u32, node_name: &str) -> bool {
         .any(|entry| entry == wanted.as_bytes())
 }
 
-/// Sends SIGname to pid through the shell's `kill` builtin: this crate forbids unsafe code
-/// (so no libc::kill), and the builtin is there even where procps is not.
-fn signal(pid: u32, name: &str) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            "kill -s \"$1\" \"$2\" 2>/dev/null",
-            "sh",
-            name,
-            &pid.to_string(),
-        ])
-        .status();
-}
-
 /// Kills the nodes of test processes that died before their `OwnBroker` was dropped and
-/// deletes their dirs. A dir's name carries its owner's pid; an owner still alive (or a
-/// pid reused since) keeps its dir, which is the safe mistake.
+/// deletes their dirs.
 fn sweep_orphans() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(id) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
-            continue;
-        };
-        let Some(owner) = id.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{owner}")).exists() {
-            continue;
-        }
+    for (entry, id) in orphans::orphaned(&[std::env::temp_dir()], DIR_PREFIX) {
         let node_name = format!("{NODE_PREFIX}{id}@localhost");
         if let Some(pid) = read_pid(&entry.path().join("node.pid"))
             && node_alive(pid, &node_name)

@@ -13,6 +13,7 @@ pub mod broker;
 pub mod broker_cluster;
 pub mod dns;
 pub mod latency_proxy;
+mod orphans;
 pub mod own_postgres;
 pub mod own_redis;
 pub mod ports;

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::Connection;
 
+use crate::orphans::{self, signal};
 use crate::ports::free_port;
 
 /// How long a server may take to come up or go down before the test fails.
@@ -533,40 +534,11 @@ fn postmaster_alive(pid: u32, data: &Path) -> bool {
     fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == data)
 }
 
-/// Sends SIGname to pid through the shell's `kill` builtin: this crate forbids unsafe code
-/// (so no libc::kill), and the builtin is there even where procps is not.
-fn signal(pid: u32, name: &str) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            "kill -s \"$1\" \"$2\" 2>/dev/null",
-            "sh",
-            name,
-            &pid.to_string(),
-        ])
-        .status();
-}
-
 /// Shuts down the servers of test processes that died before their `OwnPostgres` was
-/// dropped and deletes their dirs. A dir's name carries its owner's pid; an owner still
-/// alive (or a pid reused since) keeps its dir, which is the safe mistake.
+/// dropped and deletes their dirs.
 fn sweep_orphans() {
-    let entries = [Path::new(SHM).to_path_buf(), std::env::temp_dir()]
-        .into_iter()
-        .filter_map(|base| fs::read_dir(base).ok())
-        .flatten()
-        .flatten();
-    for entry in entries {
-        let name = entry.file_name();
-        let Some(id) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
-            continue;
-        };
-        let Some(owner) = id.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{owner}")).exists() {
-            continue;
-        }
+    let bases = [Path::new(SHM).to_path_buf(), std::env::temp_dir()];
+    for (entry, _) in orphans::orphaned(&bases, DIR_PREFIX) {
         let Ok(dir) = fs::canonicalize(entry.path()) else {
             continue;
         };
