@@ -1,29 +1,16 @@
 //! A span exporter pointed at a collector that is not there says so: once in the log, and
 //! in a count for every batch it dropped.
 
-use std::io::Write;
+mod common;
+
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{Tracer as _, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig as _;
 use seckill_telemetry::otel::{batched, watched::Watched};
 
-/// A writer whose output the test reads back.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use common::Captured;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_collector_is_warned_of_once_and_every_lost_batch_counted() {
@@ -65,7 +52,7 @@ async fn an_unreachable_collector_is_warned_of_once_and_every_lost_batch_counted
         }
     }
 
-    let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let log = captured.text();
     let warnings: Vec<&str> = log
         .lines()
         .filter(|line| line.contains("span export failed"))

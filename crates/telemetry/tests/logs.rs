@@ -1,35 +1,18 @@
 //! The JSON log lines carry the trace id of the span they are emitted in.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod common;
 
+use common::Captured;
 use seckill_telemetry::{TraceIdLayer, TraceParent, continue_trace, json_layer};
 use tracing_subscriber::layer::SubscriberExt as _;
 
-/// A writer whose output the test reads back.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<serde_json::Value> {
-        let bytes = self.0.lock().expect("lock").clone();
-        String::from_utf8(bytes)
-            .expect("utf-8")
-            .lines()
-            .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-            .collect()
-    }
+/// The JSON objects `captured` holds, one per line.
+fn json_lines(captured: &Captured) -> Vec<serde_json::Value> {
+    captured
+        .text()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
 }
 
 fn with_logs(f: impl FnOnce()) -> Vec<serde_json::Value> {
@@ -39,7 +22,7 @@ fn with_logs(f: impl FnOnce()) -> Vec<serde_json::Value> {
         .with(TraceIdLayer)
         .with(json_layer(move || writer.clone()));
     tracing::subscriber::with_default(subscriber, f);
-    captured.lines()
+    json_lines(&captured)
 }
 
 #[test]
