@@ -158,26 +158,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-taken=()
-# free_port: a loopback port below the ephemeral range that nobody listens on.
-free_port() {
-    local port
-    for _ in $(seq 200); do
-        port=$((20000 + RANDOM % 12000))
-        [[ " ${taken[*]-} " == *" $port "* ]] && continue
-        port_open "$port" && continue
-        taken+=("$port")
-        echo "$port"
-        return 0
-    done
-    die "no free port found"
-}
-next_port() { # next_port VAR: a free port into VAR, remembered in this shell
-    free_port >"$WORK/port"
-    printf -v "$1" '%s' "$(<"$WORK/port")"
-    taken+=("${!1}")
-}
-
 # ---------------------------------------------------------------------------------------
 # The stacks: one (main) or two (main and base), each in its own namespace.
 
@@ -310,17 +290,7 @@ HZ=$(getconf CLK_TCK)
 REDIS_PID=$(redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" info server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
 BEAM_PIDS=$(pgrep -x beam.smp | paste -sd' ' || true)
 
-ticks() { # ticks PID...: their utime + stime, clock ticks
-    local total=0 pid t
-    for pid in "$@"; do
-        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{ print $12 + $13 }') || t=0
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
-}
-machine_ticks() {
-    awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6 }' /proc/stat
-}
+ticks() { proc_ticks "$@"; }
 pg_backends() { # pg_backends STACK: pids of the Postgres backends serving its database
     psql_admin -d postgres -Atc \
         "select pid from pg_stat_activity where datname = 'seckill_${NS[$1]}'" 2>/dev/null | paste -sd' '
@@ -615,9 +585,6 @@ done
 # ---------------------------------------------------------------------------------------
 # Report.
 
-median() { # of the numbers on standard input ("nan" for none)
-    sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
-}
 column_of() { # column_of SCENARIO COLUMN: its values over the rounds
     awk -F'\t' -v s="$1" -v c="$2" 'NR > 1 && $2 == s { print $c }' "$RESULTS"
 }

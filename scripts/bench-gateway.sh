@@ -92,13 +92,10 @@ install_missing() {
     command -v nginx >/dev/null 2>&1 || pkgs+=(nginx-light)
     command -v wrk >/dev/null 2>&1 || pkgs+=(wrk)
     ((${#pkgs[@]} == 0)) && return 0
-    command -v apt-get >/dev/null 2>&1 || die "missing ${pkgs[*]} and no apt-get to install them"
-    say "installing ${pkgs[*]} (apt-get)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
     # Debian 13 made nginx-light a transitional name; fall back to plain nginx.
-    if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"; then
+    if ! (apt_install "${pkgs[@]}"); then
         pkgs=("${pkgs[@]/nginx-light/nginx}")
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+        apt_install "${pkgs[@]}"
     fi
     command -v nginx >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1 ||
         die "nginx or wrk still missing after apt-get install"
@@ -147,30 +144,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-taken=()
-# free_port: a loopback port nobody listens on and this run has not handed out yet.
-free_port() {
-    local port
-    for _ in $(seq 200); do
-        port=$((20000 + RANDOM % 12000)) # below the kernel's ephemeral range (32768 and up)
-        [[ " ${taken[*]-} " == *" $port "* ]] && continue
-        port_open "$port" && continue
-        taken+=("$port")
-        echo "$port"
-        return 0
-    done
-    die "no free port found"
-}
-# Assigned in this shell (not in a $(...) subshell) so `taken` keeps every pick.
-free_port >"$WORK/port"; UPSTREAM_PORT=$(<"$WORK/port")
-free_port >"$WORK/port"; GATEWAY_PORT_BENCH=$(<"$WORK/port")
-free_port >"$WORK/port"; NGINX_PORT=$(<"$WORK/port")
-free_port >"$WORK/port"; BASELINE_PORT=$(<"$WORK/port")
+next_port UPSTREAM_PORT
+next_port GATEWAY_PORT_BENCH
+next_port NGINX_PORT
+next_port BASELINE_PORT
 # The gateways' operator listeners (/readyz, /metrics), one each: the default is shared.
-free_port >"$WORK/port"; GATEWAY_ADMIN_PORT=$(<"$WORK/port")
-free_port >"$WORK/port"; BASELINE_ADMIN_PORT=$(<"$WORK/port")
-taken=("$UPSTREAM_PORT" "$GATEWAY_PORT_BENCH" "$NGINX_PORT" "$BASELINE_PORT"
-    "$GATEWAY_ADMIN_PORT" "$BASELINE_ADMIN_PORT")
+next_port GATEWAY_ADMIN_PORT
+next_port BASELINE_ADMIN_PORT
 
 render() { # render TEMPLATE OUT
     sed -e "s|@WORK@|$WORK|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM_PORT|g" \
@@ -280,20 +260,13 @@ say "checked: same body on all paths; gateway 401 without a token, rate-limit he
 # Measuring.
 
 # CPU time (clock ticks) of processes and of their children (nginx workers).
+# cpu_ticks PID...: their CPU time and their children's, in clock ticks.
 cpu_ticks() {
-    local total=0 pid t
-    for pid in "$@" $(ps -o pid= --ppid "$(
+    # shellcheck disable=SC2046 # one pid per word
+    proc_ticks "$@" $(ps -o pid= --ppid "$(
         IFS=,
         echo "$*"
-    )" 2>/dev/null); do
-        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{ print $12 + $13 }') || t=0
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
-}
-# Busy and total jiffies of the whole machine (all CPUs).
-machine_ticks() {
-    awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6 }' /proc/stat
+    )" 2>/dev/null)
 }
 HZ=$(getconf CLK_TCK)
 
@@ -379,10 +352,6 @@ fi
 # ---------------------------------------------------------------------------------------
 # Report.
 
-median() { # median: of the numbers on standard input, one per line ("nan" for none)
-    sort -g |
-        awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
-}
 median_of() { # median_of TARGET COLUMN [ROUND-PATTERN]: median over the loaded rounds
     awk -F'\t' -v t="$1" -v c="$2" -v r="${3:-^[0-9]+$}" 'NR > 1 && $2 == t && $1 ~ r { print $c }' "$RESULTS" |
         median

@@ -65,12 +65,7 @@ done
 
 require_cargo
 "$SCRIPTS/infra.sh"
-if ! command -v redis-benchmark >/dev/null 2>&1; then
-    command -v apt-get >/dev/null 2>&1 || die "redis-benchmark missing and no apt-get to install redis-tools"
-    say "installing redis-tools (redis-benchmark)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-tools
-fi
+command -v redis-benchmark >/dev/null 2>&1 || apt_install redis-tools
 
 cd "$ROOT"
 say "building the benches (release)"

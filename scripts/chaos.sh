@@ -30,10 +30,7 @@ command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 || pkgs+=(rabbitmq-server)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 || pkgs+=(postgresql)
 if ((${#pkgs[@]} > 0)); then
-    command -v apt-get >/dev/null 2>&1 || die "missing ${pkgs[*]} and no apt-get to install them"
-    say "installing ${pkgs[*]} (apt-get)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+    apt_install "${pkgs[@]}"
 fi
 
 profile=(--release)

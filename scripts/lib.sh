@@ -61,6 +61,19 @@ as_root() {
     fi
 }
 
+# apt_install PKG...: installs Debian packages (the package lists refreshed first, once per
+# script run); dies where there is no apt-get.
+APT_UPDATED=0
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || die "missing $* and no apt-get to install them"
+    say "installing $* (apt-get)"
+    if ((APT_UPDATED == 0)); then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+        APT_UPDATED=1
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+}
+
 require_cargo() {
     command -v cargo >/dev/null 2>&1 ||
         die "cargo not found. Install Rust with rustup (https://rustup.rs), then open a new shell or run: . \"\$HOME/.cargo/env\""
@@ -181,4 +194,52 @@ load_run_secrets() {
 # psql_admin ARGS...: psql as the postgres user over TCP, as the services connect.
 psql_admin() {
     PGPASSWORD="$PG_PASSWORD" psql -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -X -q -v ON_ERROR_STOP=1 "$@"
+}
+
+# --- Measuring (the benchmark scripts) ---
+
+# free_port: a loopback port below the kernel's ephemeral range (32768 and up) that nobody
+# listens on and this shell has not handed out yet. Call it in this shell, not in a $(...)
+# subshell, or use next_port, so that TAKEN_PORTS keeps every pick.
+TAKEN_PORTS=()
+free_port() {
+    local port
+    for _ in $(seq 200); do
+        port=$((20000 + RANDOM % 12000))
+        [[ " ${TAKEN_PORTS[*]-} " == *" $port "* ]] && continue
+        port_open "$port" && continue
+        TAKEN_PORTS+=("$port")
+        echo "$port"
+        return 0
+    done
+    die "no free port found"
+}
+
+# next_port VAR: a free port into VAR, remembered in this shell.
+next_port() {
+    local port
+    port=$(free_port)
+    TAKEN_PORTS+=("$port")
+    printf -v "$1" '%s' "$port"
+}
+
+# proc_ticks PID...: their CPU time so far (user + system), in clock ticks.
+proc_ticks() {
+    local total=0 pid t
+    for pid in "$@"; do
+        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{ print $12 + $13 }') || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+
+# machine_ticks: busy and total clock ticks of the whole machine (all CPUs) so far.
+machine_ticks() {
+    awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6 }' /proc/stat
+}
+
+# median: of the numbers on standard input, one per line ("nan" for none).
+median() {
+    sort -g |
+        awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }

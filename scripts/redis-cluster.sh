@@ -45,10 +45,7 @@ install_missing() {
     if ((${#pkgs[@]} == 0)); then
         return 0
     fi
-    command -v apt-get >/dev/null 2>&1 || die "missing ${pkgs[*]} and no apt-get to install them"
-    say "installing ${pkgs[*]} (apt-get)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+    apt_install "${pkgs[@]}"
 }
 
 # ours PORT: true when the Redis answering on PORT is one of our nodes (its working

@@ -23,10 +23,7 @@ have_compose() {
 }
 have_compose || apt_pkgs+=(docker-compose)
 if ((${#apt_pkgs[@]} > 0)); then
-    command -v apt-get >/dev/null 2>&1 || die "missing ${apt_pkgs[*]} and no apt-get to install them"
-    say "installing ${apt_pkgs[*]} (apt-get)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${apt_pkgs[@]}"
+    apt_install "${apt_pkgs[@]}"
 fi
 
 pip_pkgs=()
@@ -38,9 +35,7 @@ if ((${#pip_pkgs[@]} > 0)); then
     command -v python3 >/dev/null 2>&1 || die "missing ${pip_pkgs[*]} and no python3 to install them"
     # Debian's python3 comes without pip.
     if ! python3 -m pip --version >/dev/null 2>&1; then
-        say "installing python3-pip (apt-get)"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-pip
+        apt_install python3-pip
     fi
     say "installing ${pip_pkgs[*]} (pip)"
     python3 -m pip install -q "${pip_pkgs[@]}" ||
