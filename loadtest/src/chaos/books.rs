@@ -154,6 +154,18 @@ impl Books {
         accepted: &[Uuid],
         timeout: Duration,
     ) -> (bool, Motion) {
+        let (quiet, motion, _) = self.quiet_since(product_id, accepted, timeout).await;
+        (quiet, motion)
+    }
+
+    /// [`Self::wait_until_quiet`], also returning since when it was still (the first of the
+    /// readings that found nothing in flight).
+    pub async fn quiet_since(
+        &self,
+        product_id: i64,
+        accepted: &[Uuid],
+        timeout: Duration,
+    ) -> (bool, Motion, Option<Instant>) {
         let started = Instant::now();
         let mut still_since: Option<Instant> = None;
         let mut last = Motion::default();
@@ -163,7 +175,7 @@ impl Books {
                     last = motion;
                     let since = *still_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= STILL_FOR {
-                        return (true, last);
+                        return (true, last, Some(since));
                     }
                 }
                 Ok(motion) => {
@@ -173,7 +185,7 @@ impl Books {
                 Err(_) => still_since = None,
             }
             if started.elapsed() >= timeout {
-                return (false, last);
+                return (false, last, still_since);
             }
             tokio::time::sleep(POLL_EVERY).await;
         }

@@ -73,6 +73,8 @@ pub struct Tally {
     pub status_counts: BTreeMap<String, u64>,
     /// `503 ledger_rebuilding` answers: the fence holding sales while a ledger is rebuilt.
     pub paused: u64,
+    /// When the wave's first `202` arrived.
+    pub first_accepted_at: Option<Instant>,
 }
 
 impl Tally {
@@ -90,6 +92,8 @@ struct ErrorBody {
 
 /// One try's answer.
 struct Try {
+    /// When the answer came.
+    at: Instant,
     status: String,
     accepted: Option<Uuid>,
     paused: bool,
@@ -137,6 +141,13 @@ pub async fn run(
         for t in &tries {
             *tally.status_counts.entry(t.status.clone()).or_default() += 1;
             tally.paused += u64::from(t.paused);
+            if t.accepted.is_some() {
+                tally.first_accepted_at = Some(
+                    tally
+                        .first_accepted_at
+                        .map_or(t.at, |first| first.min(t.at)),
+                );
+            }
         }
         tally.stories.push(story);
     }
@@ -199,6 +210,7 @@ async fn attempt(client: &Client, url: &str, buyer: &Buyer, key: &str) -> Try {
         .await;
     let Ok(response) = sent else {
         return Try {
+            at: Instant::now(),
             status: TRANSPORT_ERROR.into(),
             accepted: None,
             paused: false,
@@ -226,9 +238,42 @@ async fn attempt(client: &Client, url: &str, buyer: &Buyer, key: &str) -> Try {
         status.as_u16().to_string()
     };
     Try {
+        at: Instant::now(),
         status,
         accepted,
         paused,
         retry_after,
     }
+}
+
+/// How long selling of `product_id` takes to resume: from now, a new buyer (from `buyers`,
+/// in turn) tries once every `every` until one is answered `202`; returns the time to that
+/// answer (`None`: no `202` before the buyers or `deadline` ran out) and the
+/// `503 ledger_rebuilding` answers on the way.
+pub async fn time_to_resume(
+    client: &Client,
+    gateway_url: &str,
+    product_id: i64,
+    buyers: &[Buyer],
+    every: Duration,
+    deadline: Duration,
+) -> (Option<Duration>, u64) {
+    let url = format!(
+        "{}/api/seckill/{product_id}",
+        gateway_url.trim_end_matches('/')
+    );
+    let began = Instant::now();
+    let mut paused = 0;
+    for buyer in buyers {
+        if began.elapsed() >= deadline {
+            break;
+        }
+        let t = attempt(client, &url, buyer, &Uuid::new_v4().to_string()).await;
+        if t.accepted.is_some() {
+            return (Some(t.at - began), paused);
+        }
+        paused += u64::from(t.paused);
+        tokio::time::sleep(every).await;
+    }
+    (None, paused)
 }

@@ -45,6 +45,14 @@ use self::verdict::{Figures, Violation};
 const TOKEN_TTL_SECS: i64 = 3600;
 /// Price of the product on sale.
 const PRICE_CENTS: i64 = 999;
+/// Units of the second product of `redis-restart-empty`, and its buyers' first user id.
+const BYSTANDER_STOCK: i32 = 1000;
+const BYSTANDER_FIRST_USER: i64 = 7_000_000;
+
+/// A duration for a scenario's line: seconds with one decimal, or "never".
+fn seconds(duration: Option<Duration>) -> String {
+    duration.map_or_else(|| "never".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+}
 
 /// How every scenario's sale is shaped.
 #[derive(Debug, Clone)]
@@ -239,6 +247,34 @@ pub async fn run_scenario(
         accepted_to: burst_to,
         ..wave.clone()
     };
+    // With Redis wiped, a second product whose ledger is lost too but of which nothing is in
+    // flight: how long it stays paused tells the fence's own delay apart from the wait for
+    // the burst's purchases.
+    let bystander = if scenario == Scenario::RedisWiped {
+        let id =
+            product::create(&client, &gateways[0], &minter, BYSTANDER_STOCK, PRICE_CENTS).await?;
+        let loader = burst::mint_buyers(&minter, BYSTANDER_FIRST_USER, 1, TOKEN_TTL_SECS);
+        // One purchase loads its ledger, so the wipe loses it.
+        let (loaded, _) = drive::time_to_resume(
+            &client,
+            &gateways[0],
+            id,
+            &loader,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        )
+        .await;
+        loaded.context("the second product's first purchase")?;
+        Some(id)
+    } else {
+        None
+    };
+    let bystander_buyers = burst::mint_buyers(
+        &minter,
+        BYSTANDER_FIRST_USER + 1,
+        if bystander.is_some() { 240 } else { 0 },
+        TOKEN_TTL_SECS,
+    );
     let (answered, accepted) = (AtomicU64::new(0), AtomicU64::new(0));
     let trigger = u64::try_from(settings.stock / 4).unwrap_or(0).max(1);
     let fault = async {
@@ -248,7 +284,7 @@ pub async fn run_scenario(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let answered_before = answered.load(Ordering::Relaxed);
-        scenario
+        let injected = scenario
             .inject(
                 stores,
                 &mut services,
@@ -257,8 +293,23 @@ pub async fn run_scenario(
                 doomed_node,
                 &sale,
             )
-            .await
-            .map(|injected| (answered_before, injected))
+            .await?;
+        // Redis answers again: from here, how long until the second product sells.
+        let bystander_resumed = match bystander {
+            Some(id) => Some(
+                drive::time_to_resume(
+                    &client,
+                    &gateways[0],
+                    id,
+                    &bystander_buyers,
+                    Duration::from_millis(250),
+                    Duration::from_secs(60),
+                )
+                .await,
+            ),
+            None => None,
+        };
+        anyhow::Ok((answered_before, injected, bystander_resumed))
     };
     let burst = async {
         let tally = drive::run(&client, &burst_wave, &burst_buyers, &answered, &accepted).await;
@@ -267,7 +318,7 @@ pub async fn run_scenario(
         tally
     };
     let (first, fault, burst_settled) = tokio::join!(burst, fault, burst_settler);
-    let (answered_at_fault, injected) =
+    let (answered_at_fault, injected, bystander_resumed) =
         fault.with_context(|| format!("{}: injecting the fault", scenario.name()))?;
     if scenario.settles() {
         notes.push(format!("burst buyers settled: {burst_settled:?}"));
@@ -278,8 +329,8 @@ pub async fn run_scenario(
             .flat_map(|t| t.stories.iter().filter_map(|s| s.accepted))
             .collect()
     };
-    let (mut quiet, mut motion) = books
-        .wait_until_quiet(product_id, &accepted_ids(&[&first]), settings.quiet_timeout)
+    let (mut quiet, mut motion, quiet_since) = books
+        .quiet_since(product_id, &accepted_ids(&[&first]), settings.quiet_timeout)
         .await;
     if scenario.operated() {
         let tidied = forge::operate(&client, &gateways[0], &minter, product_id)
@@ -352,6 +403,19 @@ pub async fn run_scenario(
                 "every buyer of the burst was answered before the fault (fewer than {trigger} 202s)"
             ),
         });
+    }
+    if let Some((resumed, paused)) = bystander_resumed {
+        let after_quiet = second
+            .first_accepted_at
+            .zip(quiet_since)
+            .map(|(first, quiet)| first.saturating_duration_since(quiet));
+        notes.push(format!(
+            "resumed: the burst's product {} after nothing of it was in flight; a second \
+             product (nothing in flight) {} after Redis answered again ({paused} \
+             ledger_rebuilding answers)",
+            seconds(after_quiet),
+            seconds(resumed),
+        ));
     }
     let forged = &injected.forgeries.fresh;
     if scenario == Scenario::ForgedMessages {
