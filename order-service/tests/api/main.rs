@@ -2,6 +2,7 @@
 
 mod batches;
 mod breaker;
+mod compensation;
 mod consume;
 mod helpers;
 mod lifecycle_metrics;
