@@ -8,8 +8,11 @@
 //! into the bucket it came from unless a load already counted it), once per event id however
 //! often it runs, and marks it done. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number
 //! of replicas relay without doing one twice at the same time, and a failed one waits out
-//! an exponential backoff. Nothing waits on Redis inside the request or the sweep that
-//! decided it, and nothing is lost if Redis is down: the row waits.
+//! an exponential backoff — unless its unit may already be back in its bucket under the
+//! product's sold-out flag (the reopen failed after the restock): that flag must come down
+//! within its bound, so such a row is due again at once and the relay comes back to it after
+//! [`REOPEN_RETRY`]. Nothing waits on Redis inside the request or the sweep that decided it,
+//! and nothing is lost if Redis is down: the row waits.
 //!
 //! The payment window needs no timer message: the sweep derives what expired from committed
 //! rows (`pay_by < now()`), so a crash or a restart cannot lose a deadline.
@@ -27,6 +30,10 @@ use seckill_store::{Redis, RedisKeys};
 pub const REASON_CANCELLED: &str = "cancelled";
 /// The reason an unpaid order's buyer sees.
 pub const REASON_PAYMENT_EXPIRED: &str = "payment_expired";
+
+/// How soon the relay tries a compensation again whose reopen is owed: a unit may be on sale
+/// again behind the sold-out flag, which must come down within 500 ms of it going back.
+pub const REOPEN_RETRY: Duration = Duration::from_millis(100);
 
 /// Cancels the `created` orders among `order_ids` (all of them, or those of `user_id`):
 /// each becomes `cancelled` with `reason`, its product's DB stock goes up, and its unit is
@@ -141,6 +148,13 @@ pub struct Compensator {
     pub batch: i64,
 }
 
+/// What a round finished, and whether a reopen it tried is still owed.
+#[derive(Debug, Default, Clone, Copy)]
+struct Round {
+    worked: usize,
+    reopen_owed: bool,
+}
+
 #[derive(Debug, sqlx::FromRow)]
 struct Due {
     event_id: String,
@@ -164,10 +178,12 @@ impl Supervised for Compensator {
         cancel: &CancellationToken,
     ) -> anyhow::Result<()> {
         loop {
-            let worked = self.round().await?;
+            let round = self.round().await?;
             health.healthy();
-            let pause = if worked > 0 {
+            let pause = if round.worked > 0 {
                 Duration::ZERO
+            } else if round.reopen_owed {
+                REOPEN_RETRY.min(self.poll)
             } else {
                 self.poll
             };
@@ -191,6 +207,10 @@ impl Compensator {
 
     /// Relays the due compensations it can claim; returns how many it finished.
     pub async fn relay_due(&self) -> anyhow::Result<usize> {
+        Ok(self.relay().await?.worked)
+    }
+
+    async fn relay(&self) -> anyhow::Result<Round> {
         let mut tx = self.db.begin().await?;
         let due: Vec<Due> = sqlx::query_as(
             "SELECT c.event_id, c.user_id, c.product_id, c.reason, c.restock, c.attempts, \
@@ -205,7 +225,7 @@ impl Compensator {
         .bind(self.batch)
         .fetch_all(&mut *tx)
         .await?;
-        let mut done = 0;
+        let mut relayed = Round::default();
         for row in &due {
             match self.put_back(row).await {
                 Ok(outcome) => {
@@ -217,12 +237,22 @@ impl Compensator {
                         .increment(1);
                     tracing::info!(event_id = %row.event_id, product_id = row.product_id,
                         user_id = row.user_id, reason = %row.reason, outcome, "unit back on sale");
-                    done += 1;
+                    relayed.worked += 1;
                 }
                 Err(e) => {
-                    let backoff_ms = (500i64 << row.attempts.clamp(0, 7)).min(60_000);
-                    tracing::warn!(event_id = %row.event_id, error = %e, backoff_ms,
-                        "compensation failed, will retry");
+                    // An owed reopen is due again at once: the loop returns to it after
+                    // REOPEN_RETRY (so does any replica polling meanwhile).
+                    let backoff_ms = if e.reopen_owed {
+                        0
+                    } else {
+                        (500i64 << row.attempts.clamp(0, 7)).min(60_000)
+                    };
+                    relayed.reopen_owed |= e.reopen_owed;
+                    // Owed reopens are retried ten times a second: log a few of them.
+                    if !e.reopen_owed || row.attempts % 50 == 0 {
+                        tracing::warn!(event_id = %row.event_id, error = %e, backoff_ms,
+                            attempts = row.attempts + 1, "compensation failed, will retry");
+                    }
                     sqlx::query(
                         "UPDATE compensations SET attempts = attempts + 1, \
                          due_at = now() + make_interval(secs => $2::double precision / 1000) \
@@ -236,31 +266,37 @@ impl Compensator {
             }
         }
         tx.commit().await?;
-        Ok(done)
+        Ok(relayed)
     }
 
-    /// One round of both jobs; the number of rows they finished, or why neither did.
-    async fn round(&self) -> anyhow::Result<usize> {
+    /// One round of both jobs: the rows they finished, or why neither did.
+    async fn round(&self) -> anyhow::Result<Round> {
         // Two independent jobs: a sweep that keeps failing must not hold back units
         // waiting to go back on sale, nor the other way round.
         let expired = expire_unpaid(&self.db, self.batch)
             .await
             .map_err(|e| anyhow::Error::from(e).context("payment-window sweep"));
-        let relayed = self.relay_due().await.map_err(|e| e.context("relay"));
-        match (expired, relayed) {
-            (Ok(expired), Ok(relayed)) => Ok(expired + relayed),
-            (Err(e), Err(also)) => Err(e.context(format!("{also:#}"))),
-            (Ok(worked), Err(e)) | (Err(e), Ok(worked)) if worked == 0 => Err(e),
-            (Ok(worked), Err(e)) | (Err(e), Ok(worked)) => {
-                // The other job is making progress: no backoff, but say what failed.
+        let relayed = self.relay().await.map_err(|e| e.context("relay"));
+        let round = Round {
+            worked: *expired.as_ref().unwrap_or(&0)
+                + relayed.as_ref().map_or(0, |relayed| relayed.worked),
+            reopen_owed: relayed.as_ref().is_ok_and(|relayed| relayed.reopen_owed),
+        };
+        match (expired.err(), relayed.err()) {
+            (None, None) => Ok(round),
+            (Some(e), Some(also)) => Err(e.context(format!("{also:#}"))),
+            // The other job is making progress (or owes a reopen soon): no backoff, but say
+            // what failed.
+            (Some(e), None) | (None, Some(e)) if round.worked > 0 || round.reopen_owed => {
                 tracing::warn!(error = format!("{e:#}"), "compensation round failed");
-                Ok(worked)
+                Ok(round)
             }
+            (Some(e), None) | (None, Some(e)) => Err(e),
         }
     }
 
     /// The Redis side of one compensation (see `seckill_store::ledger`); its outcome.
-    async fn put_back(&self, row: &Due) -> Result<&'static str, redis::RedisError> {
+    async fn put_back(&self, row: &Due) -> Result<&'static str, ledger::GiveBackError> {
         let result = format!("failed:{}", row.reason);
         let outcome = ledger::give_back(
             &self.redis,

@@ -61,18 +61,67 @@ impl Restocked {
     }
 }
 
+/// A [`give_back`] that failed, and whether the product's reopen is owed.
+#[derive(Debug)]
+pub struct GiveBackError {
+    /// The restock was sent: the unit may be back in its bucket (its answer lost, or the
+    /// reopen after it failed) under a sold-out flag still up. The flag must come down
+    /// within its bound, so the caller runs [`give_back`] again at once, not after a backoff.
+    pub reopen_owed: bool,
+    /// What Redis said.
+    pub source: redis::RedisError,
+}
+
+impl GiveBackError {
+    fn before_restock(source: redis::RedisError) -> Self {
+        Self {
+            reopen_owed: false,
+            source,
+        }
+    }
+
+    fn reopen_owed(source: redis::RedisError) -> Self {
+        Self {
+            reopen_owed: true,
+            source,
+        }
+    }
+}
+
+impl std::fmt::Display for GiveBackError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.reopen_owed {
+            write!(f, "reopen owed: {}", self.source)
+        } else {
+            self.source.fmt(f)
+        }
+    }
+}
+
+impl std::error::Error for GiveBackError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 /// Undoes a given-up purchase in Redis: releases its buyer in their home bucket, puts its
 /// unit back into its origin bucket (once, see [`crate::ledger`]), and reopens the product
 /// (bumps its generation, lowers the sold-out flag). Each step is safe to repeat, so a
 /// caller that failed half-way simply runs it again.
+///
+/// The restock and the reopen cannot be one script: the bucket's keys and the product's
+/// state have different hash tags, so that one product's buckets spread over a Redis
+/// Cluster. Between the two calls a unit can be back on sale under a raised flag; an error
+/// after the restock was sent says so ([`GiveBackError::reopen_owed`]), and a run again
+/// finds the unit handled (the returns hash) and still reopens.
 pub async fn give_back(
     redis: &Redis,
     keys: &RedisKeys,
     g: &GiveUp<'_>,
-) -> Result<Restocked, redis::RedisError> {
+) -> Result<Restocked, GiveBackError> {
     let id = g.product_id;
     let home = home_bucket(g.user_id, g.buckets);
-    let mut conn = redis.get().await?;
+    let mut conn = redis.get().await.map_err(GiveBackError::before_restock)?;
     let _: i64 = scripts()
         .release
         .key(keys.buyers(id, home))
@@ -82,7 +131,8 @@ pub async fn give_back(
         .arg(g.result)
         .arg(g.order_id.map(|o| o.to_string()).unwrap_or_default())
         .invoke_async(&mut conn)
-        .await?;
+        .await
+        .map_err(GiveBackError::before_restock)?;
     if !g.restock {
         return Ok(Restocked::NotRestocked);
     }
@@ -95,7 +145,8 @@ pub async fn give_back(
         .arg(g.version.unwrap_or(i64::MAX))
         .arg(UNLOADED_RETURNS_TTL_MS)
         .invoke_async(&mut conn)
-        .await?;
+        .await
+        .map_err(GiveBackError::reopen_owed)?;
     // Units are on sale again: a sweep that started before must not raise the sold-out flag
     // over them (sold_out.lua compares the generation), and a raised flag comes
     // down. Done even when the unit was handled before, in case that run died right here.
@@ -105,7 +156,8 @@ pub async fn give_back(
         .arg(keys.reopened_channel())
         .arg(id)
         .invoke_async(&mut conn)
-        .await?;
+        .await
+        .map_err(GiveBackError::reopen_owed)?;
     Ok(match outcome {
         1 => Restocked::Returned,
         2 => Restocked::Deferred,
