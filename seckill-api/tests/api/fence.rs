@@ -135,3 +135,59 @@ async fn a_lost_bucket_is_passed_over_by_sweeps_while_other_buckets_sell() {
     assert_error(app.purchase(product, next).await, 503, "ledger_rebuilding").await;
     app.shutdown().await;
 }
+
+/// Makes the database refuse the first update that marks a product's ledger loaded (a
+/// failed statement, a connection lost at that moment); later ones pass.
+async fn refuse_first_ledger_loaded_update(app: &TestApp) {
+    let db = app.ns.db().await;
+    for statement in [
+        "CREATE SEQUENCE ledger_loaded_updates",
+        "CREATE FUNCTION refuse_first_ledger_loaded() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN \
+           IF nextval('ledger_loaded_updates') = 1 THEN \
+             RAISE EXCEPTION 'refused once by the test'; \
+           END IF; \
+           RETURN NEW; \
+         END $$",
+        "CREATE TRIGGER refuse_first_ledger_loaded BEFORE UPDATE OF ledger_loaded ON products \
+         FOR EACH ROW WHEN (NEW.ledger_loaded AND NOT OLD.ledger_loaded) \
+         EXECUTE FUNCTION refuse_first_ledger_loaded()",
+    ] {
+        sqlx::query(statement)
+            .execute(&db)
+            .await
+            .expect("install the refusal");
+    }
+    db.close().await;
+}
+
+#[tokio::test]
+async fn one_failed_update_of_the_loaded_flag_does_not_let_a_lost_ledger_rebuild_at_once() {
+    let app = spawn_app().await;
+    let product = app.create_product_in_buckets(6, 2).await;
+    app.wait_ready().await;
+    refuse_first_ledger_loaded_update(&app).await;
+    // The first load meets the refusal; the purchase is retried until it is accepted.
+    eventually("a purchase accepted", Duration::from_secs(20), || async {
+        let status = app.purchase(product, 1).await.status();
+        assert!(
+            status == 202 || status.is_server_error(),
+            "unexpected {status}"
+        );
+        (status == 202).then_some(())
+    })
+    .await;
+    let db = app.ns.db().await;
+    let loaded: bool = sqlx::query_scalar("SELECT ledger_loaded FROM products WHERE id = $1")
+        .bind(product)
+        .fetch_one(&db)
+        .await
+        .expect("ledger_loaded");
+    db.close().await;
+    // Redis forgets the sale while the purchase waits in RabbitMQ (no order-service runs):
+    // the product was loaded, so nothing is sold until that purchase has landed.
+    wipe(&app, product).await;
+    assert_error(app.purchase(product, 10).await, 503, "ledger_rebuilding").await;
+    assert!(loaded, "the product's ledger_loaded stayed false");
+    app.shutdown().await;
+}
