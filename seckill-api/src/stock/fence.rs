@@ -1,6 +1,6 @@
 //! Redis lost a product's ledger: sell none of it until every purchase in flight has landed.
 //!
-//! A product whose stock was once fully loaded (`products.ledger_loaded`) and whose buckets
+//! A product whose stock was once loaded (`products.ledger_loaded`) and whose buckets
 //! are gone before its keys could have expired was wiped from Redis: a restart without
 //! persistence, a flush, an evicted stock hash. (A failover to a replica that lagged but kept
 //! the bucket hashes is not seen here; docs/DESIGN.md says what guards that.) Loading it again at once

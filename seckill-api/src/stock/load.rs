@@ -142,12 +142,17 @@ impl StockEngine {
     pub(super) async fn load(&self, product: &Product) -> Result<(), ApiError> {
         let started = Instant::now();
         let snapshot = Snapshot::read(&self.db, product).await?;
-        let loaded_now = self.fill(product, &snapshot).await?;
-        // Every bucket is in: from now on a missing bucket means Redis lost it.
+        // Before the first bucket is written, since a bucket sells the moment it is: from
+        // now on a missing bucket may mean Redis lost units sold from it. Marked after the
+        // fill instead, one failed update (or a crash before it) would leave the flag down
+        // for good — later purchases find the buckets and never load again — and a later
+        // loss would be rebuilt at once, over purchases still in flight. Marked here and the
+        // fill failing, the next load merely waits for quiet first, as after a loss.
         sqlx::query("UPDATE products SET ledger_loaded = true WHERE id = $1 AND NOT ledger_loaded")
             .bind(product.id)
             .execute(&self.db)
             .await?;
+        let loaded_now = self.fill(product, &snapshot).await?;
         if let Some(fence) = &self.fence
             && fence.is_up(product.id)
         {
