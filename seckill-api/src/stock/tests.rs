@@ -121,6 +121,44 @@ async fn a_unit_given_back_before_a_stale_load_writes_its_bucket_is_not_lost() {
 }
 
 #[tokio::test]
+async fn a_buyer_released_before_a_stale_load_writes_their_bucket_may_buy_again() {
+    let ns = TestNamespace::new();
+    let (engine, product, order) = one_unit_sold(&ns).await;
+    // The load reads Postgres while the order is live (its buyer holds a unit)...
+    let snapshot = Snapshot::read(&engine.db, &product)
+        .await
+        .expect("snapshot");
+    // ...the order is cancelled and its buyer released while the bucket is not loaded...
+    cancel_and_compensate(&engine, order).await;
+    // ...and only then does the load write the bucket, from what it read before.
+    assert_eq!(engine.fill(&product, &snapshot).await.expect("fill"), 1);
+    let message = seckill_messaging::OrderMessage {
+        request_id: Uuid::now_v7(),
+        user_id: BUYER,
+        product_id: product.id,
+        price_cents: product.price_cents,
+        created_at: chrono::Utc::now(),
+        bucket: None,
+    };
+    let again = PurchaseRequest {
+        product: &product,
+        user_id: BUYER,
+        request_id: message.request_id,
+        message: &message,
+        http_request_id: "",
+        traceparent: "",
+        tracestate: "",
+    };
+    let decision = engine.purchase(&again).await.expect("purchase");
+    assert!(
+        matches!(decision, Decision::Accepted { .. }),
+        "the released buyer was answered {decision:?}"
+    );
+    engine.db.close().await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_unit_a_load_already_counted_is_not_given_back_again() {
     let ns = TestNamespace::new();
     let (engine, product, order) = one_unit_sold(&ns).await;
