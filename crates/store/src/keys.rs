@@ -59,6 +59,13 @@ impl RedisKeys {
         self.bucket(product_id, bucket, "returns")
     }
 
+    /// Hash request id → `1` of given-up purchases whose buyer (homed in this bucket) was
+    /// released, so a load whose snapshot still held them does not mark their buyers again
+    /// (see [`crate::ledger`]).
+    pub fn released(&self, product_id: i64, bucket: u16) -> String {
+        self.bucket(product_id, bucket, "released")
+    }
+
     /// Hash user id → [`crate::PurchaseResult`] text, for the users homed in this bucket.
     pub fn results(&self, product_id: i64, bucket: u16) -> String {
         self.bucket(product_id, bucket, "results")
@@ -156,6 +163,7 @@ mod tests {
             keys.outbox(9, 3),
             keys.results(9, 3),
             keys.returns(9, 3),
+            keys.released(9, 3),
         ] {
             assert!(key.starts_with("t1:{p9.b3}:"), "{key}");
         }

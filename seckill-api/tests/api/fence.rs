@@ -21,6 +21,7 @@ async fn wipe(app: &TestApp, product: i64) {
             keys.takers(product, bucket),
             keys.results(product, bucket),
             keys.returns(product, bucket),
+            keys.released(product, bucket),
             keys.outbox(product, bucket),
         ]);
     }

@@ -7,7 +7,8 @@ use redis::Script;
 use crate::keys::{RedisKeys, home_bucket};
 use crate::redis_handle::Redis;
 
-/// How long a returns hash lives when its bucket is not loaded: far beyond any load.
+/// How long a returns (or released) hash lives when its bucket is not loaded: far beyond
+/// any load.
 const UNLOADED_RETURNS_TTL_MS: u64 = 3_600_000;
 
 /// A purchase given up in Postgres, to be undone in Redis.
@@ -126,10 +127,13 @@ pub async fn give_back(
         .release
         .key(keys.buyers(id, home))
         .key(keys.results(id, home))
+        .key(keys.stock(id, home))
+        .key(keys.released(id, home))
         .arg(g.user_id)
         .arg(g.event_id)
         .arg(g.result)
         .arg(g.order_id.map(|o| o.to_string()).unwrap_or_default())
+        .arg(UNLOADED_RETURNS_TTL_MS)
         .invoke_async(&mut conn)
         .await
         .map_err(GiveBackError::before_restock)?;

@@ -143,7 +143,8 @@ impl Ledger {
     }
 
     /// Fills `bucket` as `load` says, with the markers and results of `held` (purchases of
-    /// buyers homed there), unless it is loaded already (`load.lua`); whether it loaded.
+    /// buyers homed there, less those released since), unless it is loaded already
+    /// (`load.lua`); whether it loaded.
     pub async fn load_bucket(
         &self,
         conn: &mut RedisConn,
@@ -158,6 +159,7 @@ impl Ledger {
             .key(self.keys().buyers(product_id, bucket))
             .key(self.keys().results(product_id, bucket))
             .key(self.keys().returns(product_id, bucket))
+            .key(self.keys().released(product_id, bucket))
             .arg(load.units)
             .arg(load.window.start_ms)
             .arg(load.window.end_ms)
@@ -188,6 +190,7 @@ impl Ledger {
             .key(self.keys().takers(product_id, bucket))
             .key(self.keys().results(product_id, bucket))
             .key(self.keys().returns(product_id, bucket))
+            .key(self.keys().released(product_id, bucket))
             .arg(window.start_ms)
             .arg(window.end_ms)
             .arg(window.expire_at_ms)

@@ -22,6 +22,8 @@
 //!   purchases not yet confirmed by RabbitMQ. It never expires.
 //! - `results` hash: user id → [`crate::PurchaseResult`] text, for the users homed here.
 //! - `returns` hash: event id → ledger version of given-up purchases whose unit came back here.
+//! - `released` hash: request id → `1` of given-up purchases whose buyer (homed here) was
+//!   released.
 //! - the product's `state` hash: `gen` (bumped whenever units go back on sale), `sold_out`
 //!   (the flag that keeps late requests off Lua), `loaded` (every bucket was loaded once).
 //! - the product's `load-lock`: a random token, `SET NX PX`, released by compare-and-delete.
@@ -92,6 +94,15 @@
 //! that, and when the bucket is not loaded it leaves the event in the bucket's returns hash,
 //! where the load adds the units newer than its own snapshot. A unit is thus counted once
 //! whichever comes first, the load or the compensation.
+//!
+//! The buyer's marker needs the same care: a release that runs between a load's snapshot and
+//! its `load.lua` finds no marker to clear, and the stale snapshot would then mark the buyer
+//! of a cancelled purchase for the rest of the sale. The returns hash cannot tell (it lives
+//! in the unit's origin bucket, not in the buyer's home, and a give-up that returns no unit
+//! is not in it), so `release.lua` records the purchase in the home bucket's `released`
+//! hash, and `load.lua`, in the same slot, writes no marker or result for a purchase found
+//! there. No version is needed: a request id names one purchase, and one given up never
+//! holds a unit again.
 //!
 //! Layout:
 //! - [`handle`] — the [`Ledger`] handle and [`LedgerError`].

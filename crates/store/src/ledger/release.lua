@@ -1,15 +1,29 @@
 -- Release a given-up purchase's buyer in their home bucket: clear the purchase's marker so
--- they may buy again, and show them why it failed.
+-- they may buy again, show them why it failed, and remember that it was released.
 --
 -- Only this purchase's own marker is cleared: every marker ends with `:<request id>`
 -- (see seckill_store::ledger). A newer purchase of the same buyer stands, and so does its
 -- result. Safe to run again: a second run finds no marker of this purchase.
+-- The purchase is recorded in the released hash whatever else happens: a load whose
+-- snapshot was read before the give-up committed still holds it, and load.lua (same slot)
+-- writes no marker for a purchase recorded there. Either this runs first and the load skips
+-- the marker, or the load does and this clears it.
 -- KEYS[1] buyers hash of the home bucket (user id -> marker)
 -- KEYS[2] results hash of the home bucket (user id -> buyer-visible result)
+-- KEYS[3] stock hash of the home bucket (its expire_at, when it is loaded)
+-- KEYS[4] released hash of the home bucket (request id -> 1)
 -- ARGV[1] user id, ARGV[2] event id (the purchase's request id), ARGV[3] result text,
 -- ARGV[4] the purchase's order id, '' if it never became an order
+-- ARGV[5] ms the released hash lives at least when the bucket is not loaded
 -- Returns: 1 marker cleared, 2 no marker but the result was this purchase's (or none),
--- 0 another purchase of this buyer stands: nothing changed.
+-- 0 another purchase of this buyer stands: nothing changed but the released hash.
+redis.call('HSET', KEYS[4], ARGV[2], '1')
+local expire_at = redis.call('HGET', KEYS[3], 'expire_at')
+if expire_at then
+  redis.call('PEXPIREAT', KEYS[4], expire_at)
+elseif redis.call('PTTL', KEYS[4]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+end
 local suffix = ':' .. ARGV[2]
 local marker = redis.call('HGET', KEYS[1], ARGV[1])
 if marker then

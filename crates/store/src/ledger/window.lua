@@ -5,7 +5,8 @@
 -- retries): expiring it early (a sale closed with an end long past, then reopened) would
 -- sell their units again and let their buyers buy twice.
 -- KEYS[1] stock hash, KEYS[2] buyers hash, KEYS[3] takers hash, KEYS[4] results hash,
--- KEYS[5] returns hash (given-up event ids -> ledger version)
+-- KEYS[5] returns hash (given-up event ids -> ledger version), KEYS[6] released hash
+-- (given-up request ids whose buyer was released)
 -- ARGV[1] start ms, ARGV[2] end ms, ARGV[3] unix ms at which the bucket's keys expire
 -- Returns: 1 updated, 0 the bucket is not loaded (it will load with the new window).
 if redis.call('EXISTS', KEYS[1]) == 0 then
