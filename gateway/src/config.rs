@@ -545,6 +545,19 @@ mod tests {
     }
 
     #[test]
+    fn a_sold_out_memory_beyond_500_ms_is_refused() {
+        let with = |ms| Settings {
+            sold_out_ttl: Duration::from_millis(ms),
+            ..Settings::default()
+        };
+        assert_eq!(with(0).validate(), Ok(()));
+        assert_eq!(with(500).validate(), Ok(()));
+        let refused = with(501).validate().expect_err("501 ms is past the bound");
+        assert!(refused.contains("sold_out_ttl_ms"), "{refused}");
+        assert!(with(600_000).validate().is_err());
+    }
+
+    #[test]
     fn connection_limits_out_of_range_are_refused() {
         for out_of_range in [
             Settings {

@@ -197,3 +197,26 @@ impl Validate for Settings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(Settings::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_sold_out_memory_beyond_500_ms_is_refused() {
+        let with = |ms| Settings {
+            sold_out_local_ttl: Duration::from_millis(ms),
+            ..Settings::default()
+        };
+        assert_eq!(with(0).validate(), Ok(()));
+        assert_eq!(with(500).validate(), Ok(()));
+        let refused = with(501).validate().expect_err("501 ms is past the bound");
+        assert!(refused.contains("sold_out_local_ttl_ms"), "{refused}");
+        assert!(with(600_000).validate().is_err());
+    }
+}
