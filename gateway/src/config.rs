@@ -189,8 +189,9 @@ pub struct Settings {
     pub max_purchases_per_user: usize,
     /// How long the gateway answers a sold-out product's purchases `410` itself after a
     /// replica said so (`sold_out_ttl_ms`; see `crate::sold_out`): at most the replicas'
-    /// own `sold_out_local_ttl_ms`, and forgotten at once when units go back on sale
-    /// (announced on Redis pub/sub at `redis_url`). 0: every purchase is forwarded.
+    /// own `sold_out_local_ttl_ms` (at most 500: `seckill_config::MAX_SOLD_OUT_MEMORY`),
+    /// and forgotten at once when units go back on sale (announced on Redis pub/sub at
+    /// `redis_url`). 0: every purchase is forwarded.
     #[serde(rename = "sold_out_ttl_ms", with = "seckill_config::formats::millis")]
     pub sold_out_ttl: Duration,
     /// Development only: run even though a secret is its public default
@@ -427,6 +428,13 @@ impl Validate for Settings {
         if self.rate_unverified_per_sec > MAX_RATE_PER_SEC {
             return Err(format!(
                 "rate_unverified_per_sec must be at most {MAX_RATE_PER_SEC}"
+            ));
+        }
+        if self.sold_out_ttl > seckill_config::MAX_SOLD_OUT_MEMORY {
+            return Err(format!(
+                "sold_out_ttl_ms must be at most {} (how long a unit put back on sale may \
+                 still be answered sold out)",
+                seckill_config::MAX_SOLD_OUT_MEMORY.as_millis()
             ));
         }
         if self.admin_host.trim().is_empty() {

@@ -50,7 +50,9 @@ async fn metric(platform: &Platform, url: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sold_out_product_is_answered_at_the_gateway_and_a_returned_unit_sells_within_the_bound()
 {
-    // Flags that outlive the test: only the announcement can make either forget.
+    // Flags that outlive the test: only the announcement can make either forget. Start-up
+    // refuses memories this long (`seckill_config::MAX_SOLD_OUT_MEMORY`); building the
+    // services directly takes the settings as given.
     let platform = spawn_platform_tuned(
         |api| api.sold_out_local_ttl = Duration::from_secs(600),
         |_| {},

@@ -100,7 +100,8 @@ pub struct Settings {
     )]
     pub sweep_skew_margin: Duration,
     /// How long this replica answers 410 from memory after seeing a product sold out. A
-    /// unit put back (cancellation) is on sale again everywhere after at most this long.
+    /// unit put back (cancellation) is on sale again everywhere after at most this long
+    /// (at most 500: `seckill_config::MAX_SOLD_OUT_MEMORY`).
     #[serde(
         rename = "sold_out_local_ttl_ms",
         with = "seckill_config::formats::millis"
@@ -190,6 +191,13 @@ impl Validate for Settings {
         }
         if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&self.null_cache_ttl) {
             return Err("null_cache_ttl_ms must be between 1 and 3600000".into());
+        }
+        if self.sold_out_local_ttl > seckill_config::MAX_SOLD_OUT_MEMORY {
+            return Err(format!(
+                "sold_out_local_ttl_ms must be at most {} (how long a unit put back on sale \
+                 may still be answered sold out)",
+                seckill_config::MAX_SOLD_OUT_MEMORY.as_millis()
+            ));
         }
         if self.load_lock_ttl.is_zero() || self.load_lock_ttl >= self.load_wait {
             return Err("load_lock_ttl_ms must be positive and below load_wait_ms".into());

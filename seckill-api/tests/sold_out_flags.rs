@@ -18,7 +18,8 @@ const RAISED: &str = "seckill_sold_out_flags_raised_total";
 
 #[tokio::test]
 async fn late_requests_are_answered_by_the_flags_without_running_lua() {
-    // A local flag that outlives the test, so the counts below are exact.
+    // A local flag that outlives the test, so the counts below are exact (start-up refuses
+    // more than 500 ms; `Application::build` takes the settings as given).
     let app = spawn_app_with(|s| s.sold_out_local_ttl = Duration::from_secs(60)).await;
     let product = app.create_product_in_buckets(3, 4).await;
     for user in 1..=3 {

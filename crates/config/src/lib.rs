@@ -157,6 +157,11 @@ impl Validate for BackendSettings {
 /// The longest an identity credential may live: a captured one is useless after this.
 pub const MAX_IDENTITY_WINDOW: Duration = Duration::from_secs(5);
 
+/// The longest a sold-out answer may be remembered outside Redis (seckill-api's
+/// `sold_out_local_ttl_ms`, the gateway's `sold_out_ttl_ms`): a unit put back on sale is
+/// offered again within this much even when its announcement was lost (docs/DESIGN.md §3).
+pub const MAX_SOLD_OUT_MEMORY: Duration = Duration::from_millis(500);
+
 impl BackendSettings {
     /// The backend's secrets with their public development values, for
     /// [`refuse_public_secrets`].
