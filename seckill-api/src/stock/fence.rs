@@ -8,10 +8,10 @@
 //! RabbitMQ (accepted, answered `202`) would be sold a second time, and their buyers could
 //! buy twice. So such a load waits until nothing is in flight: the product's outbox streams
 //! are empty and the namespace's order queues (main, retry tiers, dead letters) hold no
-//! message, ready or unacknowledged, as RabbitMQ's management API counts them. Until then
-//! purchases of the product answer `503 ledger_rebuilding` with `Retry-After`. Dead letters
-//! recorded in Postgres and unfinished compensations are counted by the load itself
-//! (`seckill_store::ledger`).
+//! message — ready, unacknowledged, or dead-lettered and not yet confirmed by its target —
+//! as RabbitMQ's management API counts them. Until then purchases of the product answer
+//! `503 ledger_rebuilding` with `Retry-After`. Dead letters recorded in Postgres and
+//! unfinished compensations are counted by the load itself (`seckill_store::ledger`).
 //!
 //! The management API publishes queue figures every few seconds, so one reading of zero
 //! may be stale: the queues count as drained only after two zero readings at least
@@ -60,7 +60,9 @@ const FORGOTTEN_AFTER: Duration = Duration::from_secs(12);
 #[derive(Debug, Deserialize)]
 struct Queue {
     name: String,
-    /// Ready plus unacknowledged; absent until the broker has figures for the queue.
+    /// Ready plus unacknowledged, plus for a quorum queue the dead letters it keeps until
+    /// their target confirmed them (`messages_dlx`, `at-least-once`: counted in `messages`
+    /// from RabbitMQ 3.10 on); absent until the broker has figures for the queue.
     messages: Option<u64>,
 }
 

@@ -3,9 +3,14 @@
 
 use std::time::Duration;
 
+use lapin::BasicProperties;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, BasicRejectOptions};
+use lapin::types::FieldTable;
 use serde_json::Value;
 
-use seckill_testkit::{SendAs, eventually};
+use seckill_api::stock::fence::{Fence, STATS_INTERVAL};
+use seckill_messaging::Topology;
+use seckill_testkit::{OwnBroker, SendAs, eventually};
 
 use crate::helpers::{TestApp, assert_error, spawn_app};
 
@@ -191,4 +196,124 @@ async fn one_failed_update_of_the_loaded_flag_does_not_let_a_lost_ledger_rebuild
     assert_error(app.purchase(product, 10).await, 503, "ledger_rebuilding").await;
     assert!(loaded, "the product's ledger_loaded stayed false");
     app.shutdown().await;
+}
+
+/// `at-least-once` dead-lettering keeps a dead letter in its source quorum queue until its
+/// target confirmed it: neither ready nor unacknowledged there, it is still a purchase in
+/// flight, and RabbitMQ's management API counts it in `messages` (with `messages_dlx`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_in_transit_between_quorum_queues_holds_the_fence() {
+    let broker = OwnBroker::start_with_management().await;
+    let management = broker.management_url().expect("management API");
+    let connection = seckill_messaging::connect(&broker.amqp_url(), "test", Duration::ZERO)
+        .await
+        .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    // Two namespaces on one broker: one holds a dead letter in transit, the other nothing.
+    let (busy, idle) = (Topology::new("transit"), Topology::new("idle"));
+    for topology in [&busy, &idle] {
+        topology.declare(&channel).await.expect("declare");
+    }
+    // The dead-letter queue no longer takes what the dead-letter exchange routes: a message
+    // the main queue dead-letters stays in it (`at-least-once`) until a target confirms it.
+    channel
+        .queue_unbind(
+            busy.dead_letter_queue.as_str().into(),
+            busy.dead_letter_exchange.as_str().into(),
+            "".into(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("unbind the dead-letter queue");
+    channel
+        .basic_publish(
+            busy.exchange.as_str().into(),
+            busy.routing_key.as_str().into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("routed");
+    let delivery = eventually(
+        "the message is in the queue",
+        Duration::from_secs(20),
+        || {
+            let channel = channel.clone();
+            let queue = busy.queue.clone();
+            async move {
+                channel
+                    .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                    .await
+                    .expect("get")
+            }
+        },
+    )
+    .await;
+    delivery
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .expect("reject");
+    // What RabbitMQ reports of it: neither ready nor unacknowledged, but dead-lettered.
+    let http = reqwest::Client::new();
+    let queue_url = format!(
+        "{}/api/queues/%2F/{}",
+        management.replace("guest:guest@", ""),
+        busy.queue
+    );
+    eventually(
+        "the management API shows the dead letter in transit",
+        Duration::from_secs(30),
+        || async {
+            let queue: Value = http
+                .get(&queue_url)
+                .basic_auth("guest", Some("guest"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let shows = |field: &str| queue[field].as_u64();
+            (shows("messages_dlx") == Some(1)
+                && shows("messages_ready") == Some(0)
+                && shows("messages_unacknowledged") == Some(0))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Both fences read the same broker with the same timing: the idle one concludes, the
+    // busy one must not, neither then nor a stats interval later.
+    let fence = |topology: &Topology| {
+        let namespace = topology.exchange.trim_end_matches(".orders").to_string();
+        Fence::new(&broker.amqp_url(), &management, &namespace).expect("fence")
+    };
+    let (busy_fence, idle_fence) = (fence(&busy), fence(&idle));
+    // Checks, 500 ms apart, the busy fence must go on refusing after the idle one concluded.
+    let after = 2 * (STATS_INTERVAL.as_millis() / 500) as usize;
+    let mut idle_drained = None;
+    for call in 0.. {
+        let (busy_now, idle_now) = tokio::join!(busy_fence.drained(1, 0), idle_fence.drained(1, 0));
+        assert!(
+            !busy_now.expect("fence check"),
+            "the fence said drained at call {call} with a dead letter in transit (the idle \
+             namespace's said so at call {idle_drained:?})"
+        );
+        if idle_drained.is_none() && idle_now.expect("fence check") {
+            idle_drained = Some(call);
+        }
+        match idle_drained {
+            Some(at) if call >= at + after => break,
+            None => assert!(
+                call < 120,
+                "the idle namespace's fence did not conclude in a minute"
+            ),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let _ = connection.close(200, "done".into()).await;
 }
