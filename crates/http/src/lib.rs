@@ -6,8 +6,10 @@
 //! - [`ops`] — `/healthz`, `/readyz`, `/metrics`.
 //! - [`layers`] — request ids, access log spans and per-route request metrics.
 //! - [`shutdown`] — SIGINT/SIGTERM folded into one cancellation token.
+//! - [`failpoint`] — the [`failpoint!`] macro: step boundaries where tests inject failures.
 
 pub mod error;
+pub mod failpoint;
 pub mod layers;
 pub mod ops;
 pub mod request_metrics;
