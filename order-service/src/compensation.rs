@@ -26,6 +26,9 @@ use seckill_messaging::{Health, Supervised, Supervisor};
 use seckill_store::ledger::{self, GiveUp};
 use seckill_store::{Redis, RedisKeys};
 
+#[cfg(feature = "failpoints")]
+use crate::failpoints::postgres_lost;
+
 /// The reason a cancelled order's buyer sees.
 pub const REASON_CANCELLED: &str = "cancelled";
 /// The reason an unpaid order's buyer sees.
@@ -124,7 +127,9 @@ pub async fn expire_unpaid(db: &PgPool, limit: i64) -> Result<usize, sqlx::Error
         return Ok(0);
     }
     let cancelled = cancel_orders(&mut tx, &due, None, REASON_PAYMENT_EXPIRED).await?;
+    seckill_http::failpoint!("expiry::before_commit", Err(postgres_lost()));
     tx.commit().await?;
+    seckill_http::failpoint!("expiry::after_commit", Err(postgres_lost()));
     metrics::counter!("orders_payment_expired_total").increment(cancelled.len() as u64);
     tracing::info!(
         count = cancelled.len(),
@@ -229,10 +234,12 @@ impl Compensator {
         for row in &due {
             match self.put_back(row).await {
                 Ok(outcome) => {
+                    seckill_http::failpoint!("compensation::after_reopen", Err(postgres_lost()));
                     sqlx::query("UPDATE compensations SET done_at = now() WHERE event_id = $1")
                         .bind(&row.event_id)
                         .execute(&mut *tx)
                         .await?;
+                    seckill_http::failpoint!("compensation::after_done", Err(postgres_lost()));
                     metrics::counter!("orders_compensated_total", "reason" => row.reason.clone())
                         .increment(1);
                     tracing::info!(event_id = %row.event_id, product_id = row.product_id,

@@ -23,6 +23,8 @@
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
 //! - [`metric_names`] — the message-lifecycle metrics' names and help; [`queue_watch`] —
 //!   the queues' depth and consumers, read by passive declares.
+//! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
+//!   (`docs/failpoints.md`).
 
 pub mod ack_window;
 pub mod breaker;
@@ -31,6 +33,8 @@ pub mod compensation;
 pub mod config;
 pub mod consumer;
 pub mod error;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 pub mod http;
 pub mod metric_names;
 pub mod orders;

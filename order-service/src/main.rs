@@ -9,6 +9,9 @@ use order_service::{Application, Settings};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // `FAILPOINTS=name=action;…` arms failpoints for a fault drill (docs/failpoints.md).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let settings: Settings = seckill_config::load("order")?;
     if let Some(command) = cli.command {
         // An operator command serves nobody and signs nothing: no secret check.

@@ -8,6 +8,9 @@ use sqlx::PgPool;
 
 use seckill_messaging::OrderMessage;
 
+#[cfg(feature = "failpoints")]
+use crate::failpoints::postgres_lost;
+
 /// What writing one message did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recorded {
@@ -170,6 +173,7 @@ pub async fn record(
         Err(e) => return Err(e),
     }
     tx.commit().await?;
+    seckill_http::failpoint!("consume::after_insert", Err(postgres_lost()));
     Ok(Recorded::Created { order_id })
 }
 
@@ -318,6 +322,7 @@ async fn try_batch(
         outcomes.push(outcome);
     }
     tx.commit().await?;
+    seckill_http::failpoint!("consume::after_insert", Err(postgres_lost()));
     Ok(Some(outcomes))
 }
 
@@ -441,7 +446,9 @@ pub async fn cancel(db: &PgPool, user_id: i64, order_id: i64) -> Result<Order, C
         crate::compensation::REASON_CANCELLED,
     )
     .await?;
+    seckill_http::failpoint!("cancel::before_commit", Err(postgres_lost()));
     tx.commit().await?;
+    seckill_http::failpoint!("cancel::after_commit", Err(postgres_lost()));
     if !cancelled.is_empty() {
         metrics::counter!("orders_cancelled_total").increment(1);
     }

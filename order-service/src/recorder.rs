@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{Health, Supervised, Supervisor, Topology};
 
+#[cfg(feature = "failpoints")]
+use crate::failpoints::channel_lost;
 use crate::parking::{self, Arrival};
 
 /// Consumes the dead-letter queue.
@@ -74,6 +76,7 @@ impl Recorder {
             let arrival = Arrival::from_message(&delivery.data, &delivery.properties);
             match parking::record(&self.db, &arrival, self.quarantine_after).await {
                 Ok(status) => {
+                    seckill_http::failpoint!("record::after_insert", Err(channel_lost()));
                     metrics::counter!(crate::metric_names::ORDERS_PARKED, "reason" => arrival.error_code.clone())
                         .increment(1);
                     if status == "quarantined" {
@@ -86,6 +89,7 @@ impl Recorder {
                     if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
                         tracing::warn!(error = %e, "could not ack a parked dead letter");
                     }
+                    seckill_http::failpoint!("record::after_ack", Err(channel_lost()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not park a dead letter, handing it back");

@@ -23,12 +23,16 @@
 //!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
 //! - [`routes`] — HTTP handlers; [`error`]: the one error type they return.
+//! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
+//!   (`docs/failpoints.md`).
 
 pub mod bloom;
 pub mod catalog;
 pub mod catalog_sync;
 pub mod config;
 pub mod error;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 pub mod idempotency;
 pub mod metric_names;
 pub mod null_cache;

@@ -19,6 +19,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // `FAILPOINTS=name=action;…` arms failpoints for a fault drill (docs/failpoints.md).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let settings: Settings = seckill_config::load("api")?;
     let public = settings.backend.refuse_public_secrets()?;
     seckill_telemetry::init_tracing(

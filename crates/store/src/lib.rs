@@ -10,7 +10,11 @@
 //! - [`reopened`] — following the announcements of units going back on sale.
 //! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster.
 //! - [`probes`] — readiness checks of the stores.
+//! - `failpoints` (with the `failpoints` feature) — the error its failpoints return
+//!   (`docs/failpoints.md`).
 
+#[cfg(feature = "failpoints")]
+mod failpoints;
 pub mod keys;
 pub mod ledger;
 pub mod postgres;

@@ -80,6 +80,7 @@ impl OrderConsumer {
             // A rejected purchase is dead-lettered all the same: giving it up (an operator's
             // ignore) writes its buyer's result.
         }
+        seckill_http::failpoint!("consume::after_result", ());
         match (settle, result) {
             (Settle::DeadLetter, PurchaseResult::Failed { reason }) => {
                 self.dead_letter(out, &delivery, &reason, "rejected by the database")
@@ -88,6 +89,7 @@ impl OrderConsumer {
             // Acked with the run of finished deliveries it belongs to.
             _ => out.acks.ack(delivery.delivery_tag).await,
         }
+        seckill_http::failpoint!("consume::after_ack", ());
     }
 
     /// Sends a message that failed transiently to its next retry tier (or, past the cap, as

@@ -7,6 +7,8 @@ use seckill_messaging::OrderMessage;
 
 use super::selection::{ParkingError, Report, Selection};
 use super::store::{audit, select_ids};
+#[cfg(feature = "failpoints")]
+use crate::failpoints::postgres_lost;
 
 /// Gives up the pending or quarantined entries of `selection` for good. Each one whose
 /// purchase never became an order and whose unit was taken in Redis (the body parsed, the
@@ -67,7 +69,9 @@ pub async fn ignore(
         (ignored, compensated as usize)
     };
     audit(&mut tx, operator, "ignore", selection, &ignored).await?;
+    seckill_http::failpoint!("ignore::before_commit", Err(postgres_lost()));
     tx.commit().await?;
+    seckill_http::failpoint!("ignore::after_commit", Err(postgres_lost()));
     if !selection.dry_run {
         metrics::counter!("orders_dead_letters_ignored_total").increment(ignored.len() as u64);
         tracing::warn!(

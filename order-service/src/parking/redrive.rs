@@ -16,6 +16,8 @@ use seckill_messaging::{
 use super::pace::RedrivePace;
 use super::selection::{ParkingError, Report, Selection};
 use super::store::{audit, select_ids};
+#[cfg(feature = "failpoints")]
+use crate::failpoints::{channel_lost, postgres_lost};
 
 /// A redriven entry's body, redrive count, signature and traceparent.
 type Redriven = (Vec<u8>, i32, Option<String>, Option<String>);
@@ -63,6 +65,7 @@ impl Redriver {
             self.publish_each(db, &candidates, operator, &mut done)
                 .await
         };
+        seckill_http::failpoint!("redrive::before_audit", Err(postgres_lost()));
         let mut conn = db.acquire().await?;
         audit(&mut conn, operator, "redrive", selection, &done).await?;
         outcome?;
@@ -136,6 +139,7 @@ impl Redriver {
         let Some((body, redrives, signature, traceparent)) = row else {
             return Ok(false);
         };
+        seckill_http::failpoint!("redrive::after_update", Err(channel_lost().to_string()));
         let mut headers = FieldTable::default();
         headers.insert(ShortString::from(HEADER_ATTEMPT), AMQPValue::LongInt(0));
         headers.insert(
@@ -176,6 +180,10 @@ impl Redriver {
                 // "the broker did not take the message: …", or no confirm in time.
                 other => other.to_string(),
             })?;
+        seckill_http::failpoint!(
+            "redrive::after_publish",
+            Err(postgres_lost::<sqlx::Error>().to_string())
+        );
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(true)
     }

@@ -45,6 +45,8 @@ use seckill_store::RedisKeys;
 use seckill_telemetry::TraceParent;
 use tracing::Instrument as _;
 
+#[cfg(feature = "failpoints")]
+use crate::failpoints::redis_lost;
 use crate::metric_names as names;
 
 pub mod age;
@@ -286,6 +288,7 @@ impl Relay {
                 last_reclaim = Instant::now();
             }
             replay_own = false;
+            seckill_http::failpoint!("relay::after_read", Err(redis_lost()));
             let moved = self.publish(publisher, &mut conn, round).await?;
             for stream in streams {
                 let length: i64 = redis::cmd("XLEN")
@@ -434,6 +437,7 @@ impl Relay {
                 failed + returned
             );
         }
+        seckill_http::failpoint!("relay::after_publish", Err(redis_lost()));
         let mut moved = 0;
         for ((stream, _), ids) in round.iter().zip(confirmed) {
             if ids.is_empty() {
@@ -442,6 +446,7 @@ impl Relay {
             ack_and_delete(conn, stream, &ids).await?;
             moved += ids.len();
         }
+        seckill_http::failpoint!("relay::after_delete", Err(redis_lost()));
         metrics::counter!(names::OUTBOX_CONFIRMED).increment(moved as u64);
         Ok(moved)
     }

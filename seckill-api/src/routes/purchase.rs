@@ -15,6 +15,8 @@ use seckill_store::PurchaseResult;
 use tracing::Instrument as _;
 
 use crate::error::{ApiError, SoldOutFlag};
+#[cfg(feature = "failpoints")]
+use crate::failpoints::redis_lost;
 use crate::idempotency::{Claim, Idempotency, Ticket};
 use crate::relay;
 use crate::state::AppState;
@@ -262,6 +264,7 @@ async fn deliver(
                 .await;
             match published {
                 Ok(()) => {
+                    seckill_http::failpoint!("purchase::after_publish", ());
                     let forgotten = match state.redis.get().await {
                         Ok(mut conn) => {
                             relay::ack_and_delete(&mut conn, &stream, &[&intent.entry_id]).await
@@ -351,6 +354,7 @@ async fn decide(
         .await?;
     match decision {
         Decision::Accepted { bucket, intent } => {
+            seckill_http::failpoint!("purchase::after_script", Err(redis_lost()));
             deliver(
                 state,
                 product_id,
@@ -361,6 +365,7 @@ async fn decide(
                 carried.as_ref(),
             )
             .await;
+            seckill_http::failpoint!("purchase::after_deliver", Err(redis_lost()));
             Ok(request_id)
         }
         Decision::AlreadyPurchased => Err(ApiError::AlreadyPurchased),

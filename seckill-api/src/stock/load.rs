@@ -21,6 +21,8 @@ use super::snapshot::Snapshot;
 use super::window::{EXPIRY_GRACE, window};
 use crate::catalog::Product;
 use crate::error::ApiError;
+#[cfg(feature = "failpoints")]
+use crate::failpoints::{postgres_lost, redis_lost};
 
 impl StockEngine {
     /// Makes sure every bucket of the product is in Redis, loading under the product's lock.
@@ -142,6 +144,7 @@ impl StockEngine {
     pub(super) async fn load(&self, product: &Product) -> Result<(), ApiError> {
         let started = Instant::now();
         let snapshot = Snapshot::read(&self.db, product).await?;
+        seckill_http::failpoint!("load::after_snapshot", Err(redis_lost()));
         // Before the first bucket is written, since a bucket sells the moment it is: from
         // now on a missing bucket may mean Redis lost units sold from it. Marked after the
         // fill instead, one failed update (or a crash before it) would leave the flag down
@@ -152,7 +155,9 @@ impl StockEngine {
             .bind(product.id)
             .execute(&self.db)
             .await?;
+        seckill_http::failpoint!("load::after_flag", Err(redis_lost()));
         let loaded_now = self.fill(product, &snapshot).await?;
+        seckill_http::failpoint!("load::after_fill", Err(redis_lost()));
         if let Some(fence) = &self.fence
             && fence.is_up(product.id)
         {
@@ -210,6 +215,7 @@ impl StockEngine {
                 .load_bucket(&mut conn, product.id, bucket, &load, held)
                 .await?;
             loaded_now += i64::from(loaded);
+            seckill_http::failpoint!("load::after_bucket", Err(redis_lost()));
         }
         self.ledger.mark_loaded(&mut conn, product.id).await?;
         drop(conn);

@@ -12,6 +12,8 @@ use super::purchase::{Decision, Intent, PurchaseRequest, payload};
 use super::window::expire_at_ms;
 use crate::catalog::Product;
 use crate::error::ApiError;
+#[cfg(feature = "failpoints")]
+use crate::failpoints::redis_lost;
 
 /// What one sweep step found in a bucket ([`TakeAnswer`], except that the outbox entry of a
 /// unit taken is unknown when a lost answer was recovered from the takers hash).
@@ -49,6 +51,7 @@ impl StockEngine {
             .await?;
         drop(conn);
         record_lua("reserve", started);
+        seckill_http::failpoint!("sweep::after_reserve", Err(redis_lost()));
         let Some(reservation) = reserved else {
             return Ok(Decision::AlreadyPurchased);
         };
@@ -80,6 +83,7 @@ impl StockEngine {
             match took {
                 Ok(Took::Unit(entry_id)) => {
                     metrics::counter!("seckill_bucket_takes_total").increment(1);
+                    seckill_http::failpoint!("sweep::after_take", Err(redis_lost()));
                     let end = ReservationEnd::Took {
                         bucket,
                         request_id: &request_id,

@@ -4,6 +4,8 @@
 
 use redis::Script;
 
+#[cfg(feature = "failpoints")]
+use crate::failpoints::redis_lost;
 use crate::keys::{RedisKeys, home_bucket};
 use crate::redis_handle::Redis;
 
@@ -137,6 +139,10 @@ pub async fn give_back(
         .invoke_async(&mut conn)
         .await
         .map_err(GiveBackError::before_restock)?;
+    seckill_http::failpoint!(
+        "compensation::after_release",
+        Err(GiveBackError::before_restock(redis_lost()))
+    );
     if !g.restock {
         return Ok(Restocked::NotRestocked);
     }
@@ -151,6 +157,10 @@ pub async fn give_back(
         .invoke_async(&mut conn)
         .await
         .map_err(GiveBackError::reopen_owed)?;
+    seckill_http::failpoint!(
+        "compensation::after_restock",
+        Err(GiveBackError::reopen_owed(redis_lost()))
+    );
     // Units are on sale again: a sweep that started before must not raise the sold-out flag
     // over them (sold_out.lua compares the generation), and a raised flag comes
     // down. Done even when the unit was handled before, in case that run died right here.

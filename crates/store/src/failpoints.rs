@@ -1,0 +1,11 @@
+//! The error this crate's failpoints return (`seckill_http::failpoint!`,
+//! `docs/failpoints.md`): what the step's next Redis call gives when Redis has gone away.
+
+/// A Redis call whose connection was reset.
+pub(crate) fn redis_lost() -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "connection reset (failpoint)",
+    )
+    .into()
+}

@@ -1,0 +1,15 @@
+//! The errors this crate's failpoints return (`seckill_http::failpoint!`,
+//! `docs/failpoints.md`): what the step's next call gives when its store has gone away.
+
+use std::io::{Error, ErrorKind};
+
+/// A Postgres call whose connection was reset, as the caller's error type.
+pub(crate) fn postgres_lost<E: From<sqlx::Error>>() -> E {
+    let reset = Error::new(ErrorKind::ConnectionReset, "connection reset (failpoint)");
+    sqlx::Error::Io(reset).into()
+}
+
+/// An AMQP call whose channel went away.
+pub(crate) fn channel_lost() -> anyhow::Error {
+    anyhow::anyhow!("the channel closed (failpoint)")
+}
