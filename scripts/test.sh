@@ -48,12 +48,33 @@ log=$(mktemp)
 status=0
 # The whole workspace, unless the arguments name packages (`-p`/`--package`).
 scope=(--workspace)
+packages=()
+next_is_package=0
 for arg in "$@"; do
+  if ((next_is_package)); then
+    packages+=("$arg")
+    next_is_package=0
+    continue
+  fi
   case $arg in
     --) break ;;
-    -p | -p* | --package | --package=*) scope=() ;;
+    -p | --package) scope=() next_is_package=1 ;;
+    --package=*) scope=() packages+=("${arg#--package=}") ;;
+    -p*) scope=() packages+=("${arg#-p}") ;;
   esac
 done
+# The services' failpoint tests (docs/failpoints.md) are their own test binaries, built
+# only with the `failpoints` feature: enabled in the same cargo run (one build), for the
+# services it tests. Cargo refuses a feature of a package the run does not build.
+features=()
+for service in seckill-api order-service; do
+  if ((${#scope[@]} > 0)) || [[ " ${packages[*]-} " == *" $service "* ]]; then
+    features+=("$service/failpoints")
+  fi
+done
+if ((${#features[@]} > 0)); then
+  scope+=(--features "$(IFS=,; echo "${features[*]}")")
+fi
 for mode in $modes; do
   case "$mode" in
     single) unset SECKILL_TEST_REDIS_CLUSTER ;;
