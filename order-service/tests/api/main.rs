@@ -4,6 +4,7 @@ mod batches;
 mod breaker;
 mod compensation;
 mod consume;
+mod forged;
 mod helpers;
 mod lifecycle_metrics;
 mod ops;

@@ -23,13 +23,13 @@ async fn admin_post(app: &TestApp, path: &str, body: Value) -> reqwest::Response
         .expect("admin request")
 }
 
-async fn report(app: &TestApp, path: &str, body: Value) -> Value {
+pub(crate) async fn report(app: &TestApp, path: &str, body: Value) -> Value {
     let response = admin_post(app, path, body).await;
     assert_eq!(response.status(), 200, "{path}");
     response.json().await.expect("json")
 }
 
-fn ids(report: &Value) -> Vec<String> {
+pub(crate) fn ids(report: &Value) -> Vec<String> {
     let mut ids: Vec<String> = report["event_ids"]
         .as_array()
         .expect("event ids")
@@ -250,7 +250,7 @@ async fn an_entry_failing_again_after_its_redrives_is_quarantined_until_cleared(
 
 /// Redis as seckill-api leaves it after selling a product's last units: the bucket dry,
 /// each buyer's marker and `queued` result in place, the sold-out flag up.
-async fn sold_in_redis(app: &TestApp, product: i64, buyers: &[(i64, String)]) {
+pub(crate) async fn sold_in_redis(app: &TestApp, product: i64, buyers: &[(i64, String)]) {
     let keys = app.ns.keys();
     let mut redis = app.ns.redis().await;
     let expire_at = (Utc::now() + ChronoDuration::hours(2)).timestamp_millis();
@@ -291,7 +291,7 @@ async fn sold_in_redis(app: &TestApp, product: i64, buyers: &[(i64, String)]) {
 }
 
 /// (remaining in the bucket, the user's marker, the user's result, sold-out flag)
-async fn redis_view(
+pub(crate) async fn redis_view(
     app: &TestApp,
     product: i64,
     user: i64,
@@ -326,7 +326,7 @@ async fn redis_view(
 }
 
 /// Waits until every compensation is relayed.
-async fn compensations_done(app: &TestApp) {
+pub(crate) async fn compensations_done(app: &TestApp) {
     eventually("compensations relayed", Duration::from_secs(10), || async {
         let pending: i64 =
             sqlx::query_scalar("SELECT count(*) FROM compensations WHERE done_at IS NULL")
