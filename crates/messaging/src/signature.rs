@@ -40,8 +40,13 @@ pub enum SignatureError {
 }
 
 impl SignatureError {
+    /// The dead-letter reason of every refusal. A message refused for its signature was
+    /// never trusted for anything: parked under one of these, it holds no unit and names no
+    /// buyer.
+    pub const CODES: [&'static str; 2] = [Self::Unsigned.code(), Self::Forged.code()];
+
     /// The snake_case code a dead letter is given for it.
-    pub fn code(self) -> &'static str {
+    pub const fn code(self) -> &'static str {
         match self {
             Self::Unsigned => "unsigned",
             Self::Forged => "bad_signature",

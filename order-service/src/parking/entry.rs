@@ -18,7 +18,7 @@ pub enum Status {
     Pending,
     /// Sent back to the orders queue.
     Redriven,
-    /// Given up for good; its unit went back on sale.
+    /// Given up for good; its unit went back on sale (a forgery had none).
     Ignored,
     /// Failed again after too many redrives: no redrive until an operator clears it.
     Quarantined,

@@ -1,9 +1,10 @@
 //! Giving dead letters up for good: a cancelled order in each purchase's name, and its
-//! unit back on sale through the compensation outbox.
+//! unit back on sale through the compensation outbox. A message refused for its signature
+//! was never a purchase: ignoring it only marks it ignored.
 
 use sqlx::PgPool;
 
-use seckill_messaging::OrderMessage;
+use seckill_messaging::{OrderMessage, SignatureError};
 
 use super::selection::{ParkingError, Report, Selection};
 use super::store::{audit, select_ids};
@@ -16,7 +17,9 @@ use crate::failpoints::postgres_lost;
 /// [`tombstones`]) and a compensation: its buyer's result becomes `failed:<error code>` and
 /// its unit goes back on sale — unless the database refused it for want of stock
 /// (`out_of_stock`), when Redis had offered a unit the database never had, and returning it
-/// would offer it again: then the buyer is released but no unit is returned.
+/// would offer it again: then the buyer is released but no unit is returned. An entry parked
+/// for its signature (`unsigned`, `bad_signature`) gets neither: anyone able to publish
+/// could write one, for any buyer and under any request id, and it never took a unit.
 pub async fn ignore(
     db: &PgPool,
     selection: &Selection,
@@ -93,24 +96,26 @@ pub async fn ignore(
 const OUT_OF_STOCK: &str = "out_of_stock";
 
 /// Writes a cancelled order (reason: the entry's error code) for each purchase among
-/// `event_ids` whose body parses, whose product exists and that has no order yet; returns
-/// the event id, product and origin bucket of each it wrote one for — exactly the purchases
-/// being given up.
+/// `event_ids` whose body parses, whose product exists, that was not refused for its
+/// signature and that has no order yet; returns the event id, product and origin bucket of
+/// each it wrote one for — exactly the purchases being given up.
 ///
 /// The cancelled order is what makes giving up final: a copy of the purchase still on its
 /// way (in a retry tier, redriven a moment ago, or being written by a consumer right now)
 /// meets its request id already taken and becomes a no-op, instead of an order for a unit
 /// that is also going back on sale. The unique request id decides who came first, so a
-/// consumer that commits the order first wins, and then nothing is given up.
+/// consumer that commits the order first wins, and then nothing is given up. A forgery gets
+/// none: under a genuine purchase's request id it would turn that purchase into a no-op.
 async fn tombstones(
     tx: &mut sqlx::PgConnection,
     event_ids: &[String],
 ) -> Result<Vec<(String, i64, Option<i16>)>, sqlx::Error> {
     let rows: Vec<(String, Vec<u8>, String)> = sqlx::query_as(
         "SELECT event_id, body, error_code FROM dead_letters \
-         WHERE event_id = ANY($1) AND user_id IS NOT NULL",
+         WHERE event_id = ANY($1) AND user_id IS NOT NULL AND error_code <> ALL($2)",
     )
     .bind(event_ids)
+    .bind(SignatureError::CODES.to_vec())
     .fetch_all(&mut *tx)
     .await?;
     let mut purchases: Vec<(OrderMessage, String)> = rows

@@ -8,6 +8,8 @@
 //!                            └──ignore──► ignored (its unit goes back on sale: compensation)
 //! quarantined ──clear──► pending        quarantined ──ignore──► ignored
 //! ```
+//! An entry parked for its signature (`unsigned`, `bad_signature`) goes through the same
+//! states but holds nothing: ignored, it is only marked so, and redriven, it is refused again.
 //! A redrive flips the entry to `redriven` and publishes its body back to the orders exchange
 //! (with a confirm) inside one transaction that commits only after the confirm: a failed
 //! publish leaves it `pending`, and a second redrive of the same entry finds it `redriven`

@@ -3,11 +3,13 @@
 
 use sqlx::PgPool;
 
+use seckill_messaging::SignatureError;
+
 use super::entry::{Arrival, AuditEntry, Entry, Status};
 use super::selection::{MAX_SELECTION, ParkingError, Report, Selection};
 
-/// Dead-letter reasons of a message refused for its signature (`SignatureError::code`).
-const SIGNATURE_REFUSALS: [&str; 2] = ["unsigned", "bad_signature"];
+/// Dead-letter reasons of a message refused for its signature.
+const SIGNATURE_REFUSALS: [&str; 2] = SignatureError::CODES;
 
 /// Records a dead letter (idempotent per event id) and returns the entry's status. An entry
 /// that was redriven and failed again is pending again, or quarantined once it has had
