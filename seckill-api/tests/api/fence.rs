@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use lapin::BasicProperties;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, BasicRejectOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Confirmation};
 use serde_json::Value;
 
 use seckill_api::stock::fence::{Fence, STATS_INTERVAL};
-use seckill_messaging::Topology;
+use seckill_messaging::{HEADER_SIGNATURE, OrderMessage, OrderSigner, Topology};
 use seckill_testkit::{OwnBroker, SendAs, eventually};
 
 use crate::helpers::{TestApp, assert_error, spawn_app};
@@ -316,4 +316,161 @@ async fn a_dead_letter_in_transit_between_quorum_queues_holds_the_fence() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let _ = connection.close(200, "done".into()).await;
+}
+
+/// Publishes a purchase for `user_id` straight to the order queue, as anyone reaching the
+/// broker could: unsigned, or signed with `key` (not the services' key).
+async fn forge(
+    app: &TestApp,
+    channel: &lapin::Channel,
+    product: i64,
+    user_id: i64,
+    key: Option<&str>,
+) {
+    let msg = OrderMessage {
+        request_id: uuid::Uuid::now_v7(),
+        user_id,
+        product_id: product,
+        price_cents: 0,
+        created_at: chrono::Utc::now(),
+        bucket: None,
+    };
+    let body = serde_json::to_vec(&msg).expect("json");
+    let mut headers = FieldTable::default();
+    if let Some(key) = key {
+        let signature = OrderSigner::new(key).sign(&body);
+        headers.insert(
+            HEADER_SIGNATURE.into(),
+            AMQPValue::LongString(signature.into()),
+        );
+    }
+    let topology = app.ns.topology();
+    let confirmation = channel
+        .basic_publish(
+            topology.exchange.as_str().into(),
+            topology.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            &body,
+            BasicProperties::default()
+                .with_message_id(msg.request_id.to_string().into())
+                .with_delivery_mode(2)
+                .with_headers(headers),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+    assert!(
+        matches!(confirmation, Confirmation::Ack(None)),
+        "not routed: {confirmation:?}"
+    );
+}
+
+/// Live orders of `product` in Postgres.
+async fn live_orders(db: &sqlx::PgPool, product: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM orders WHERE product_id = $1 AND status <> 'cancelled'",
+    )
+    .bind(product)
+    .fetch_one(db)
+    .await
+    .expect("orders")
+}
+
+#[tokio::test]
+async fn a_rebuilt_ledger_holds_no_unit_and_no_buyer_for_a_forged_dead_letter() {
+    let app = spawn_app().await;
+    let product = app.create_product_in_buckets(5, 2).await;
+    app.wait_ready().await;
+    assert_eq!(app.purchase(product, 1).await.status(), 202);
+    let orders = order_service::Application::build(order_service::Settings {
+        backend: app.ns.backend_settings(),
+        port: 0,
+        ..order_service::Settings::default()
+    })
+    .await
+    .expect("build order-service");
+    let stop_orders = orders.shutdown_token();
+    let orders = tokio::spawn(orders.run_until_stopped());
+    // A forger orders for users 20 (unsigned) and 21 (another key): refused and parked.
+    let (_connection, channel) = app.ns.channel().await;
+    forge(&app, &channel, product, 20, None).await;
+    forge(&app, &channel, product, 21, Some("not-the-key")).await;
+    let db = app.ns.db().await;
+    let wait = Duration::from_secs(30);
+    eventually(
+        "the forgeries parked, user 1's order written",
+        wait,
+        || async {
+            let parked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM dead_letters WHERE product_id = $1 \
+               AND error_code IN ('unsigned', 'bad_signature')",
+            )
+            .bind(product)
+            .fetch_one(&db)
+            .await
+            .expect("parked");
+            (parked == 2 && live_orders(&db, product).await == 1).then_some(())
+        },
+    )
+    .await;
+
+    // Redis loses the ledger; it is rebuilt from Postgres.
+    wipe(&app, product).await;
+    eventually("sales resume", Duration::from_secs(60), || async {
+        (app.purchase(product, 2).await.status() == 202).then_some(())
+    })
+    .await;
+    eventually("user 2's order written", wait, || async {
+        (app.result(product, 2).await["status"] == "success").then_some(())
+    })
+    .await;
+    // 5 units: user 1's order, user 2's, three on sale. None held for a forgery.
+    let stock = ledger_state(&app, product).await;
+    assert_eq!(stock["redis_remaining"], 3, "{stock}");
+    assert_eq!(stock["in_flight"], 0, "{stock}");
+    assert_eq!(stock["drift"], 0, "{stock}");
+    // The users the forger named bought nothing: they may buy, like anyone.
+    for user in [20, 21] {
+        assert_eq!(
+            app.result(product, user).await["status"],
+            "none",
+            "user {user}"
+        );
+        assert_eq!(
+            app.purchase(product, user).await.status(),
+            202,
+            "user {user}"
+        );
+    }
+    // The last unit goes to a later buyer, and every 202 becomes an order.
+    assert_eq!(app.purchase(product, 30).await.status(), 202);
+    assert_error(app.purchase(product, 31).await, 410, "sold_out").await;
+    eventually("every order written", wait, || async {
+        (live_orders(&db, product).await == 5).then_some(())
+    })
+    .await;
+    let stock_remaining: i32 =
+        sqlx::query_scalar("SELECT stock_remaining FROM products WHERE id = $1")
+            .bind(product)
+            .fetch_one(&db)
+            .await
+            .expect("stock");
+    assert_eq!(stock_remaining, 0);
+    stop_orders.cancel();
+    let _ = orders.await;
+    let parked: Vec<String> = sqlx::query_scalar("SELECT error_code FROM dead_letters")
+        .fetch_all(&db)
+        .await
+        .expect("parked");
+    assert_eq!(
+        parked.len(),
+        2,
+        "no purchase refused for want of stock: {parked:?}"
+    );
+    db.close().await;
+    app.shutdown().await;
 }
