@@ -3,7 +3,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use seckill_messaging::OrderMessage;
+use seckill_messaging::{OrderMessage, SignatureError};
 use seckill_store::{PurchaseResult, home_bucket};
 
 use crate::catalog::Product;
@@ -11,7 +11,9 @@ use crate::error::ApiError;
 
 /// What a load reads from Postgres, in one statement (one snapshot): the product's ledger
 /// version and every purchase that holds a unit for its buyer — a live order, or a dead
-/// letter not given up (it may still become an order). See `seckill_store::ledger`.
+/// letter not given up (it may still become an order). A dead letter refused for its
+/// signature holds nothing: it never took a unit, and anyone who can publish could park one
+/// in any buyer's name. See `seckill_store::ledger`.
 pub(super) struct Snapshot {
     stock_total: i64,
     buckets: u16,
@@ -68,6 +70,7 @@ impl Snapshot {
                SELECT d.user_id, d.event_id::uuid, NULL, NULL, d.body \
                FROM dead_letters d \
                WHERE d.product_id = p.id AND d.status <> 'ignored' AND d.user_id IS NOT NULL \
+                 AND d.error_code <> ALL($2) \
                  AND d.event_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' \
                  AND NOT EXISTS (SELECT 1 FROM orders o \
                                  WHERE o.request_id = CASE WHEN d.event_id ~ \
@@ -76,6 +79,7 @@ impl Snapshot {
              ) h ON true WHERE p.id = $1",
         )
         .bind(product.id)
+        .bind(SignatureError::CODES.to_vec())
         .fetch_all(db)
         .await?;
         let version = rows

@@ -72,11 +72,12 @@
 //! # Loading
 //! Stock is not preloaded. A purchase that finds its bucket missing takes the product's load
 //! lock, reads one Postgres snapshot (the product's ledger version and every purchase holding
-//! a unit: live orders, and dead letters not given up), and fills each missing bucket with
-//! `load.lua`, which refuses to overwrite a loaded one, then releases the lock (`unlock.lua`).
-//! Bucket keys expire after the sale ends plus a random spread (no expiry storm); their expiry
-//! only ever moves later (`window.lua`), and the product's state hash lives no shorter than
-//! its buckets (`extend.lua`): an expired `gen` restarts from nothing.
+//! a unit: live orders, and dead letters not given up nor refused for their signature), and
+//! fills each missing bucket with `load.lua`, which refuses to overwrite a loaded one, then
+//! releases the lock (`unlock.lua`). Bucket keys expire after the sale ends plus a random
+//! spread (no expiry storm); their expiry only ever moves later (`window.lua`), and the
+//! product's state hash lives no shorter than its buckets (`extend.lua`): an expired `gen`
+//! restarts from nothing.
 //!
 //! # Where a unit belongs
 //! A purchase takes its unit from one bucket (its *origin*: the home bucket, or the bucket a
