@@ -68,15 +68,65 @@ async fn duplicate_deliveries_of_one_purchase_create_exactly_one_order() {
     app.shutdown().await;
 }
 
+/// Each order of `product`: request id, status, cancel reason; oldest first.
+async fn order_rows(
+    app: &crate::helpers::TestApp,
+    product: i64,
+) -> Vec<(String, String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT request_id::text, status, cancel_reason FROM orders \
+         WHERE product_id = $1 ORDER BY id",
+    )
+    .bind(product)
+    .fetch_all(&app.db)
+    .await
+    .expect("orders")
+}
+
+/// A second purchase of one buyer under a new request id (Redis had lost their marker): it
+/// is given up — a cancelled order in its name, its unit owed back through a compensation —
+/// and the first order stands; copies of either purchase arriving later change nothing.
 #[tokio::test]
-async fn a_second_purchase_by_the_same_user_is_absorbed_by_the_unique_key() {
-    let mut app = spawn_app().await;
+async fn a_second_purchase_by_the_same_user_is_given_up_and_its_unit_owed_back() {
+    // A linger long enough for both purchases to share a batch, so the batch path meets the
+    // conflict (whichever path decides, the outcome must be the same).
+    let mut app = crate::helpers::spawn_app_with(seckill_testkit::TestNamespace::new(), |s| {
+        s.batch_linger = Duration::from_millis(200);
+    })
+    .await;
     let product = app.product(10).await;
-    app.publish(&app.message(product, 9)).await;
-    app.publish(&app.message(product, 9)).await;
+    let purchases = [app.message(product, 9), app.message(product, 9)];
+    app.publish_many(&purchases).await;
+    eventually(
+        "both purchases decided",
+        Duration::from_secs(30),
+        || async { (order_rows(&app, product).await.len() == 2).then_some(()) },
+    )
+    .await;
+    // Copies of both (a redelivery, the relay publishing an entry its handler had published).
+    app.publish_many(&purchases).await;
     app.stop_when_drained().await;
-    assert_eq!(app.order_count(product).await, 1);
-    assert_eq!(app.stock_remaining(product).await, 9);
+
+    let rows = order_rows(&app, product).await;
+    let live: Vec<_> = rows.iter().filter(|r| r.1 != "cancelled").collect();
+    assert_eq!(live.len(), 1, "{rows:?}");
+    let loser = rows
+        .iter()
+        .find(|r| r.1 == "cancelled")
+        .expect("a given-up purchase");
+    assert_eq!(loser.2.as_deref(), Some("already_purchased"), "{rows:?}");
+    assert_eq!(app.stock_remaining(product).await, 9, "one unit sold");
+    let owed: Vec<(String, String, bool)> =
+        sqlx::query_as("SELECT event_id, reason, restock FROM compensations WHERE product_id = $1")
+            .bind(product)
+            .fetch_all(&app.db)
+            .await
+            .expect("compensations");
+    assert_eq!(
+        owed,
+        vec![(loser.0.clone(), "already_purchased".to_string(), true)]
+    );
+    assert_eq!(app.dead_letters().await, 0);
     app.shutdown().await;
 }
 

@@ -2,6 +2,7 @@
 
 mod buckets;
 mod catalog;
+mod duplicates;
 mod durability;
 mod fence;
 // Some helpers serve only tests/sold_out_flags.rs, which includes this module too.
