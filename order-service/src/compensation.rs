@@ -1,14 +1,18 @@
 //! Giving purchases up: the payment window, cancellations, and putting units back on sale.
 //!
 //! Whatever gives a purchase up changes Postgres first, in one transaction: the order (if
-//! any) becomes `cancelled`, the product's DB stock goes up again, its ledger version moves
-//! on, and a row stamped with that version is added to the `compensations` outbox. The
-//! [`Compensator`] then relays each row to Redis (`seckill_store::ledger::give_back`: the
-//! buyer's marker is cleared, their result becomes `failed:<reason>`, and the unit goes back
-//! into the bucket it came from unless a load already counted it), once per event id however
-//! often it runs, and marks it done. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number
-//! of replicas relay without doing one twice at the same time, and a failed one waits out
-//! an exponential backoff — unless its unit may already be back in its bucket under the
+//! any) becomes `cancelled` (a purchase that never became one gets a cancelled order in its
+//! name: an ignored dead letter, a second purchase of a buyer already holding the product's
+//! live order), the product's DB stock goes up again for a unit it had taken, its ledger
+//! version moves on, and a row stamped with that version is added to the `compensations`
+//! outbox. The [`Compensator`] then relays each row to Redis
+//! (`seckill_store::ledger::give_back`: the buyer's marker is cleared and their result becomes
+//! `failed:<reason>` — or, when they still hold a live order of the product from another
+//! purchase, marker and result become that order's — and the unit goes back into the bucket
+//! it came from unless a load already counted it), once per event id however often it runs,
+//! and marks it done. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so any number of
+//! replicas relay without doing one twice at the same time, and a failed one waits out an
+//! exponential backoff — unless its unit may already be back in its bucket under the
 //! product's sold-out flag (the reopen failed after the restock): that flag must come down
 //! within its bound, so such a row is due again at once and the relay comes back to it after
 //! [`REOPEN_RETRY`]. Nothing waits on Redis inside the request or the sweep that decided it,
@@ -23,7 +27,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{Health, Supervised, Supervisor};
-use seckill_store::ledger::{self, GiveUp};
+use seckill_store::ledger::{self, GiveUp, Standing};
 use seckill_store::{Redis, RedisKeys};
 
 #[cfg(feature = "failpoints")]
@@ -33,6 +37,9 @@ use crate::failpoints::postgres_lost;
 pub const REASON_CANCELLED: &str = "cancelled";
 /// The reason an unpaid order's buyer sees.
 pub const REASON_PAYMENT_EXPIRED: &str = "payment_expired";
+/// The reason of a second purchase of a buyer who holds the product's live order already
+/// (Redis accepted it after losing their marker). Their result shows the live order instead.
+pub const REASON_ALREADY_PURCHASED: &str = "already_purchased";
 
 /// How soon the relay tries a compensation again whose reopen is owed: a unit may be on sale
 /// again behind the sold-out flag, which must come down within 500 ms of it going back.
@@ -174,6 +181,36 @@ struct Due {
     order_id: Option<i64>,
 }
 
+/// The live order each of `due`'s buyers holds of its product from another purchase (request
+/// id and order id, by event id): a given-up second purchase hands its buyer's marker and
+/// result to it. Each is locked (`FOR SHARE`) until the round commits, so cancelling it waits
+/// for the round, and its own release in Redis comes after this round handed the marker to
+/// it, never before (which would leave the buyer marked for an order they no longer hold).
+async fn standing_orders(
+    conn: &mut PgConnection,
+    due: &[Due],
+) -> Result<std::collections::HashMap<String, (String, i64)>, sqlx::Error> {
+    if due.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT c.event_id, o.request_id::text, o.id \
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS c(event_id, user_id, product_id) \
+         JOIN orders o ON o.user_id = c.user_id AND o.product_id = c.product_id \
+           AND o.status <> 'cancelled' AND o.request_id::text <> c.event_id \
+         FOR SHARE OF o",
+    )
+    .bind(due.iter().map(|d| d.event_id.clone()).collect::<Vec<_>>())
+    .bind(due.iter().map(|d| d.user_id).collect::<Vec<_>>())
+    .bind(due.iter().map(|d| d.product_id).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(event, request, order)| (event, (request, order)))
+        .collect())
+}
+
 impl Supervised for Compensator {
     /// Rounds until `cancel` or a round in which nothing but failures happened: at once
     /// after a round that did some work, after a poll when there was none.
@@ -230,9 +267,10 @@ impl Compensator {
         .bind(self.batch)
         .fetch_all(&mut *tx)
         .await?;
+        let standing = standing_orders(&mut tx, &due).await?;
         let mut relayed = Round::default();
         for row in &due {
-            match self.put_back(row).await {
+            match self.put_back(row, standing.get(&row.event_id)).await {
                 Ok(outcome) => {
                     seckill_http::failpoint!("compensation::after_reopen", Err(postgres_lost()));
                     sqlx::query("UPDATE compensations SET done_at = now() WHERE event_id = $1")
@@ -302,8 +340,13 @@ impl Compensator {
         }
     }
 
-    /// The Redis side of one compensation (see `seckill_store::ledger`); its outcome.
-    async fn put_back(&self, row: &Due) -> Result<&'static str, ledger::GiveBackError> {
+    /// The Redis side of one compensation (see `seckill_store::ledger`), `standing` the
+    /// live order its buyer holds of the product from another purchase; its outcome.
+    async fn put_back(
+        &self,
+        row: &Due,
+        standing: Option<&(String, i64)>,
+    ) -> Result<&'static str, ledger::GiveBackError> {
         let result = format!("failed:{}", row.reason);
         let outcome = ledger::give_back(
             &self.redis,
@@ -318,6 +361,10 @@ impl Compensator {
                 version: row.ledger_version,
                 restock: row.restock,
                 result: &result,
+                standing: standing.map(|(request_id, order_id)| Standing {
+                    request_id,
+                    order_id: *order_id,
+                }),
             },
         )
         .await?;

@@ -15,6 +15,8 @@ use seckill_messaging::Topology;
 pub const ORDERS_CONSUMED: &str = "orders_consumed_total";
 /// Orders written (first writes only, not duplicates).
 pub const ORDERS_CREATED: &str = "orders_created_total";
+/// Second purchases of a buyer who held the product's live order, given up with their unit.
+pub const ORDERS_SUPERSEDED: &str = "orders_superseded_total";
 /// Messages published to a retry tier, by `tier` (its delay, `1000ms`).
 pub const ORDERS_RETRIED: &str = "orders_retried_total";
 /// Messages dead-lettered, by `reason` (the `x-error-code` they carry).
@@ -72,6 +74,10 @@ pub fn describe(topology: &Topology) {
             "Messages taken from the main queue into a batch."
         );
         describe_counter!(ORDERS_CREATED, "Orders written (duplicates not counted).");
+        describe_counter!(
+            ORDERS_SUPERSEDED,
+            "Second purchases of a buyer holding the product's live order, given up."
+        );
         describe_counter!(
             ORDERS_RETRIED,
             "Messages published to a retry tier, by tier."

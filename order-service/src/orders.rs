@@ -31,6 +31,14 @@ pub enum Recorded {
         /// The cancelled order's id.
         order_id: i64,
     },
+    /// Another purchase of this buyer holds the product's live order: this one (a second
+    /// purchase Redis accepted after losing the buyer's marker) was given up in the same
+    /// transaction — a cancelled order in its name, and a compensation that returns its unit
+    /// and leaves the buyer's result on the live order (see [`crate::compensation`]).
+    Superseded {
+        /// The buyer's live order.
+        order_id: i64,
+    },
     /// The message can never become an order; retrying will not help.
     Rejected {
         /// snake_case reason, shown to the buyer.
@@ -64,8 +72,10 @@ pub struct Order {
     pub paid_at: Option<DateTime<Utc>>,
     /// When it was cancelled.
     pub cancelled_at: Option<DateTime<Utc>>,
-    /// Why: `cancelled` (by the buyer), `payment_expired`, or the error code of a dead letter
-    /// an operator gave up (its purchase never became a live order).
+    /// Why: `cancelled` (by the buyer), `payment_expired`, `already_purchased` (a second
+    /// purchase of a buyer who held this product's live order already, given up), or the
+    /// error code of a dead letter an operator gave up (its purchase never became a live
+    /// order).
     pub cancel_reason: Option<String>,
 }
 
@@ -94,6 +104,8 @@ const CHECK_VIOLATION: &str = "23514";
 
 /// Writes `msg` as an order, idempotently, in one transaction. The price is the product's
 /// in Postgres when the order is written: the message's `price_cents` is never trusted.
+/// A purchase whose buyer already holds the product's live order under another request id
+/// is given up instead ([`Recorded::Superseded`]).
 pub async fn record(
     db: &PgPool,
     msg: &OrderMessage,
@@ -118,10 +130,10 @@ pub async fn record(
     let order_id = match inserted {
         Ok(Some(id)) => id,
         Ok(None) => {
-            // A unique key matched: this purchase, or another live order of this user for
-            // this product, is already recorded. "Already done", not an error.
-            let existing: Option<(i64, bool)> = sqlx::query_as(
-                "SELECT id, request_id = $1 AND status = 'cancelled' FROM orders \
+            // A unique key matched: this purchase is already recorded ("already done", not an
+            // error), or another purchase of this user holds the product's live order.
+            let existing: Option<(i64, bool, bool)> = sqlx::query_as(
+                "SELECT id, request_id = $1, status = 'cancelled' FROM orders \
                  WHERE request_id = $1 \
                  OR (user_id = $2 AND product_id = $3 AND status <> 'cancelled') \
                  ORDER BY (request_id = $1) DESC LIMIT 1",
@@ -131,12 +143,21 @@ pub async fn record(
             .bind(msg.product_id)
             .fetch_optional(&mut *tx)
             .await?;
-            tx.rollback().await?;
             return match existing {
-                Some((order_id, true)) => Ok(Recorded::Cancelled { order_id }),
-                Some((order_id, false)) => Ok(Recorded::Duplicate { order_id }),
-                // The conflicting row was cancelled in between; let the retry decide.
-                None => Err(sqlx::Error::Protocol("conflicting order vanished".into())),
+                Some((order_id, true, true)) => {
+                    tx.rollback().await?;
+                    Ok(Recorded::Cancelled { order_id })
+                }
+                Some((order_id, true, false)) => {
+                    tx.rollback().await?;
+                    Ok(Recorded::Duplicate { order_id })
+                }
+                Some((live, false, _)) => supersede(tx, msg, live).await,
+                None => {
+                    // The conflicting row was cancelled in between; let the retry decide.
+                    tx.rollback().await?;
+                    Err(sqlx::Error::Protocol("conflicting order vanished".into()))
+                }
             };
         }
         Err(e) if is_unknown_product(&e) => {
@@ -281,12 +302,12 @@ async fn try_batch(
         .iter()
         .filter(|m| !created.contains_key(&m.request_id))
         .collect();
-    // request id → (existing order, whether it is this very purchase, cancelled)
-    let mut existing: std::collections::HashMap<uuid::Uuid, (i64, bool)> = Default::default();
+    // request id → (existing order, whether it is this very purchase, whether cancelled)
+    let mut existing: std::collections::HashMap<uuid::Uuid, (i64, bool, bool)> = Default::default();
     if !skipped.is_empty() {
-        let rows: Vec<(uuid::Uuid, i64, bool)> = sqlx::query_as(
+        let rows: Vec<(uuid::Uuid, i64, bool, bool)> = sqlx::query_as(
             "SELECT DISTINCT ON (m.request_id) m.request_id, o.id, \
-                    o.request_id = m.request_id AND o.status = 'cancelled' \
+                    o.request_id = m.request_id, o.status = 'cancelled' \
              FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS m(request_id, user_id, product_id) \
              JOIN orders o ON o.request_id = m.request_id \
                OR (o.user_id = m.user_id AND o.product_id = m.product_id AND o.status <> 'cancelled') \
@@ -299,7 +320,7 @@ async fn try_batch(
         .await?;
         existing.extend(
             rows.into_iter()
-                .map(|(request, id, gone)| (request, (id, gone))),
+                .map(|(request, id, same, gone)| (request, (id, same, gone))),
         );
     }
     let mut outcomes = Vec::with_capacity(msgs.len());
@@ -310,10 +331,12 @@ async fn try_batch(
             Some(&order_id) if first_seen.insert(msg.request_id) => Recorded::Created { order_id },
             Some(&order_id) => Recorded::Duplicate { order_id },
             None => match existing.get(&msg.request_id) {
-                Some(&(order_id, true)) => Recorded::Cancelled { order_id },
-                Some(&(order_id, false)) => Recorded::Duplicate { order_id },
-                // Its conflicting order vanished (cancelled meanwhile): decide it alone.
-                None => {
+                Some(&(order_id, true, true)) => Recorded::Cancelled { order_id },
+                Some(&(order_id, true, false)) => Recorded::Duplicate { order_id },
+                // Another purchase's live order (giving this one up is the one-by-one path's:
+                // it locks its product row, which this batch must not take out of order), or
+                // its conflicting order vanished (cancelled meanwhile): decide it alone.
+                Some((_, false, _)) | None => {
                     tx.rollback().await?;
                     return Ok(None);
                 }
@@ -324,6 +347,64 @@ async fn try_batch(
     tx.commit().await?;
     seckill_http::failpoint!("consume::after_insert", Err(postgres_lost()));
     Ok(Some(outcomes))
+}
+
+/// Gives up `msg`, a second purchase of a buyer whose live order of the product is `live`,
+/// in `tx` (where its own insert found that order): a cancelled order in its name, so that
+/// every copy of it is a no-op from now on ([`Recorded::Cancelled`]); no database stock back,
+/// as it never took any, but the ledger version moves on; and a compensation that returns
+/// its unit to the Redis bucket it came from. The live order is left alone.
+async fn supersede(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    msg: &OrderMessage,
+    live: i64,
+) -> Result<Recorded, sqlx::Error> {
+    let reason = crate::compensation::REASON_ALREADY_PURCHASED;
+    let tombstone: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO orders (request_id, user_id, product_id, price_cents, accepted_at, \
+                             status, cancelled_at, cancel_reason, bucket) \
+         SELECT $1, $2, p.id, p.price_cents, $4, 'cancelled', now(), $5, $6 \
+         FROM products p WHERE p.id = $3 \
+         ON CONFLICT DO NOTHING RETURNING id",
+    )
+    .bind(msg.request_id)
+    .bind(msg.user_id)
+    .bind(msg.product_id)
+    .bind(msg.created_at)
+    .bind(reason)
+    .bind(bucket_column(msg))
+    .fetch_optional(&mut *tx)
+    .await?;
+    if tombstone.is_none() {
+        // A copy of this purchase, committed meanwhile, gave it up first.
+        let order_id: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM orders WHERE request_id = $1")
+                .bind(msg.request_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        tx.rollback().await?;
+        return match order_id {
+            Some(order_id) => Ok(Recorded::Cancelled { order_id }),
+            None => Err(sqlx::Error::Protocol("conflicting order vanished".into())),
+        };
+    }
+    let units = std::collections::BTreeMap::from([(msg.product_id, 0)]);
+    let versions = crate::compensation::give_up_units(&mut tx, &units).await?;
+    sqlx::query(
+        "INSERT INTO compensations \
+           (event_id, user_id, product_id, reason, ledger_version, bucket) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(msg.request_id.to_string())
+    .bind(msg.user_id)
+    .bind(msg.product_id)
+    .bind(reason)
+    .bind(versions.get(&msg.product_id).copied())
+    .bind(bucket_column(msg))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Recorded::Superseded { order_id: live })
 }
 
 /// The message's origin bucket as the `orders.bucket` column stores it.

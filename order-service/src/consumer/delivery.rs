@@ -54,6 +54,22 @@ impl OrderConsumer {
                 out.acks.ack(delivery.delivery_tag).await;
                 return;
             }
+            Recorded::Superseded { order_id } => {
+                // Given up with its unit owed back: the compensation writes the buyer's
+                // result once it is in Redis (the live order's success, while that stands),
+                // so nothing written here can contradict it.
+                metrics::counter!(names::ORDERS_SUPERSEDED).increment(1);
+                span.in_scope(|| {
+                    tracing::warn!(
+                        order_id,
+                        user_id = msg.user_id,
+                        product_id = msg.product_id,
+                        "second purchase of a buyer holding a live order, given up"
+                    )
+                });
+                out.acks.ack(delivery.delivery_tag).await;
+                return;
+            }
             Recorded::Rejected { reason } => {
                 span.in_scope(|| {
                     tracing::error!(

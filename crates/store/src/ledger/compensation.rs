@@ -7,7 +7,9 @@ use redis::Script;
 #[cfg(feature = "failpoints")]
 use crate::failpoints::redis_lost;
 use crate::keys::{RedisKeys, home_bucket};
+use crate::ledger::marker::loaded;
 use crate::redis_handle::Redis;
+use crate::result::PurchaseResult;
 
 /// How long a returns (or released) hash lives when its bucket is not loaded: far beyond
 /// any load.
@@ -34,6 +36,18 @@ pub struct GiveUp<'a> {
     pub restock: bool,
     /// What the buyer's result becomes, e.g. `failed:cancelled`.
     pub result: &'a str,
+    /// The buyer's live order of the product from another purchase, if any: its marker and
+    /// its success take this purchase's place (see `release.lua`).
+    pub standing: Option<Standing<'a>>,
+}
+
+/// A buyer's live order of a product, as Redis shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing<'a> {
+    /// The purchase that made it (its request id).
+    pub request_id: &'a str,
+    /// The order.
+    pub order_id: i64,
 }
 
 /// What [`give_back`] did with the unit.
@@ -107,7 +121,8 @@ impl std::error::Error for GiveBackError {
     }
 }
 
-/// Undoes a given-up purchase in Redis: releases its buyer in their home bucket, puts its
+/// Undoes a given-up purchase in Redis: releases its buyer in their home bucket (or hands
+/// their marker and result to the live order they still hold, [`GiveUp::standing`]), puts its
 /// unit back into its origin bucket (once, see [`crate::ledger`]), and reopens the product
 /// (bumps its generation, lowers the sold-out flag). Each step is safe to repeat, so a
 /// caller that failed half-way simply runs it again.
@@ -136,6 +151,17 @@ pub async fn give_back(
         .arg(g.result)
         .arg(g.order_id.map(|o| o.to_string()).unwrap_or_default())
         .arg(UNLOADED_RETURNS_TTL_MS)
+        .arg(g.standing.map(|s| loaded(s.request_id)).unwrap_or_default())
+        .arg(
+            g.standing
+                .map(|s| {
+                    PurchaseResult::Success {
+                        order_id: s.order_id,
+                    }
+                    .encode()
+                })
+                .unwrap_or_default(),
+        )
         .invoke_async(&mut conn)
         .await
         .map_err(GiveBackError::before_restock)?;

@@ -19,6 +19,12 @@ pub fn taken(bucket: u16, request_id: impl Display) -> String {
     format!("t{bucket}:{request_id}")
 }
 
+/// `o:<request id>`: a purchase held in Postgres (a live order, a dead letter not given up),
+/// as a load writes it (`load.lua`).
+pub fn loaded(request_id: impl Display) -> String {
+    format!("o:{request_id}")
+}
+
 /// What a buyer's marker says of one purchase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Holding {
@@ -115,6 +121,7 @@ mod tests {
     fn markers_are_written_as_the_scripts_write_them() {
         assert_eq!(home("abc"), "h:abc");
         assert_eq!(taken(3, "abc"), "t3:abc");
+        assert_eq!(loaded("abc"), "o:abc");
         assert_eq!(Reservation::made(17, "abc").marker(), "r:17:abc");
     }
 

@@ -121,7 +121,7 @@ pub mod marker;
 pub mod sale;
 pub mod sweep;
 
-pub use compensation::{GiveBackError, GiveUp, Restocked, give_back};
+pub use compensation::{GiveBackError, GiveUp, Restocked, Standing, give_back};
 pub use handle::{Ledger, LedgerError};
 pub use load::{BucketLoad, HeldUnit, Window};
 pub use marker::{Holding, Reservation, names};
