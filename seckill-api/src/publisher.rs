@@ -336,3 +336,6 @@ impl From<seckill_messaging::PublishError> for PublishError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,121 @@
+//! A publishing worker against the real broker (each test its own namespace), fed by hand so
+//! the test decides what waits for it and when: what it must not publish.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use seckill_testkit::TestNamespace;
+
+use super::*;
+
+/// A publisher of `ns` whose workers wait `timeout` for a batch's confirms.
+fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
+    OrderPublisher::new(
+        ns.amqp_url.clone(),
+        ns.topology(),
+        OrderSigner::new("publisher-test-key"),
+        timeout,
+        1,
+        Arc::new(AtomicBool::new(false)),
+    )
+}
+
+/// A job as a handler queues it, and the handler's end of its answer.
+fn job(request_id: &str) -> (Job, oneshot::Receiver<Result<(), PublishError>>) {
+    let (done, answer) = oneshot::channel();
+    let job = Job {
+        request_id: request_id.to_string(),
+        http_request_id: format!("http-{request_id}"),
+        payload: format!(r#"{{"request_id":"{request_id}"}}"#).into_bytes(),
+        traceparent: String::new(),
+        tracestate: String::new(),
+        done,
+    };
+    (job, answer)
+}
+
+/// Its answer, which must come.
+async fn answered(answer: oneshot::Receiver<Result<(), PublishError>>) -> Result<(), PublishError> {
+    tokio::time::timeout(Duration::from_secs(30), answer)
+        .await
+        .expect("an answer within 30 s")
+        .expect("the worker answers every job")
+}
+
+#[tokio::test]
+async fn a_job_whose_handler_stopped_waiting_is_left_to_the_relay() {
+    let ns = TestNamespace::new();
+    let (connection, channel) = ns.channel().await;
+    let confirmed = ConfirmedPublisher::open(&connection, Duration::from_secs(10))
+        .await
+        .expect("confirm channel");
+    let (jobs, queued) = mpsc::channel(16);
+    // This handler answered its 202 already (its wait timed out, or its request went away):
+    // the purchase rests on the outbox, which the relay publishes.
+    let (abandoned, gone) = job("abandoned");
+    drop(gone);
+    let (waited, answer) = job("waited");
+    jobs.send(abandoned).await.expect("queue");
+    jobs.send(waited).await.expect("queue");
+    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).work(
+        confirmed,
+        queued,
+        CancellationToken::new(),
+    ));
+    assert!(answered(answer).await.is_ok());
+    // A batch goes out in order and is confirmed whole: whatever the worker published before
+    // the answer above is in the queue by now.
+    let queue = ns.topology().queue;
+    assert_eq!(
+        ns.queue_depth(&channel, &queue).await,
+        1,
+        "a purchase whose handler stopped waiting was published too"
+    );
+    drop(jobs);
+    worker.await.expect("worker");
+    let _ = connection.close(200, "test done".into()).await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn no_batch_goes_out_on_a_channel_after_one_timed_out() {
+    let ns = TestNamespace::new();
+    let (connection, _channel) = ns.channel().await;
+    // A bound of zero: no confirm can come before it passes, so every batch times out.
+    let publisher = publisher(&ns, Duration::ZERO);
+    // Which of two ready branches a `select!` takes can be left to chance; so many rounds
+    // that a worker leaving it to chance publishes again in one of them.
+    for round in 0..32 {
+        let confirmed = ConfirmedPublisher::open(&connection, Duration::from_secs(10))
+            .await
+            .expect("confirm channel");
+        let (jobs, queued) = mpsc::channel(2 * MAX_BATCH);
+        // One more than a batch: the last one waits while the first batch times out.
+        let mut answers = Vec::with_capacity(MAX_BATCH + 1);
+        for n in 0..=MAX_BATCH {
+            let (queued_job, answer) = job(&format!("{round}-{n}"));
+            jobs.send(queued_job).await.expect("queue");
+            answers.push(answer);
+        }
+        publisher
+            .clone()
+            .work(confirmed, queued, CancellationToken::new())
+            .await;
+        let last = answers.pop().expect("the job past the first batch");
+        for answer in answers {
+            assert!(matches!(
+                answered(answer).await,
+                Err(PublishError::TimedOut)
+            ));
+        }
+        let last = answered(last).await;
+        assert!(
+            matches!(last, Err(PublishError::NotConnected)),
+            "round {round}: a batch went out on the channel after one timed out ({last:?})"
+        );
+        drop(jobs);
+    }
+    let _ = connection.close(200, "test done".into()).await;
+    ns.cleanup().await;
+}
