@@ -30,6 +30,9 @@ pub const OUTBOX_CONFIRMED: &str = "outbox_confirmed_total";
 pub const OUTBOX_CONFIRM_FAILURES: &str = "outbox_confirm_failures_total";
 /// How long the relay waited for a round's confirms.
 pub const OUTBOX_CONFIRM_SECONDS: &str = "outbox_confirm_seconds";
+/// Purchases a handler's publishing worker left to the relay because their handler had
+/// stopped waiting (or its deadline passed) before the worker got to them.
+pub const PUBLISH_WITHDRAWN: &str = "seckill_publish_withdrawn_total";
 
 /// The `reason`s of [`OUTBOX_CONFIRM_FAILURES`].
 pub mod confirm_failure {
@@ -110,6 +113,10 @@ pub fn describe(replica: &str) {
             OUTBOX_CONFIRM_SECONDS,
             Unit::Seconds,
             "How long the relay waited for a round's confirms."
+        );
+        describe_counter!(
+            PUBLISH_WITHDRAWN,
+            "Purchases a publishing worker left to the relay: their handler stopped waiting."
         );
     }
     for outcome in ["accepted", "sold_out", "already_purchased", "error"] {

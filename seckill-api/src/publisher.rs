@@ -18,8 +18,17 @@
 //! whichever confirm it resolves next, so which message of a batch came back is unknowable:
 //! if any did (or any was nacked), the whole batch counts as not published and each handler
 //! leaves its entry to the relay (a duplicate at worst, which order-service absorbs).
-//! A batch whose confirms do not all come within the timeout ends its worker's channel (a
-//! late confirm would be taken for the next batch's).
+//! A batch whose confirms do not all come within the timeout ends its worker's channel at
+//! once: nothing more is published on it (a late confirm or return would be taken for the
+//! next batch's), and what waits for the worker fails fast, for the relay.
+//!
+//! A handler waits until its job's deadline (`publish_timeout_ms` after it hands the job
+//! over, the wait for room in the worker's queue included) and then answers `202` resting on
+//! the outbox. Its job is then withdrawn: the worker skips a job whose handler stopped waiting
+//! (its answer's receiver is gone, also when the request itself went away) or whose deadline
+//! passed, since the relay publishes that entry, and a second publish would only duplicate
+//! it. A job taken before its deadline may still be confirmed after its handler gave up;
+//! that one goes out twice (order-service absorbs the copy: same request id).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -28,6 +37,7 @@ use std::time::Duration;
 use anyhow::Context;
 use lapin::Connection;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{
@@ -68,7 +78,17 @@ struct Job {
     payload: Vec<u8>,
     traceparent: String,
     tracestate: String,
+    /// When its handler stops waiting.
+    deadline: Instant,
     done: oneshot::Sender<Result<(), PublishError>>,
+}
+
+impl Job {
+    /// Whether its handler has stopped waiting for it (or will have by the time a confirm
+    /// could come): its purchase is the relay's, from the outbox.
+    fn withdrawn(&self, now: Instant) -> bool {
+        self.done.is_closed() || now >= self.deadline
+    }
 }
 
 impl std::fmt::Debug for OrderPublisher {
@@ -142,6 +162,7 @@ impl OrderPublisher {
             let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % workers.len();
             workers[index].clone()
         };
+        let deadline = Instant::now() + self.inner.timeout;
         let (done, answer) = oneshot::channel();
         let job = Job {
             request_id: request_id.to_string(),
@@ -149,18 +170,22 @@ impl OrderPublisher {
             payload: payload.to_vec(),
             traceparent: trace.traceparent.to_string(),
             tracestate: trace.tracestate.to_string(),
+            deadline,
             done,
         };
-        worker
-            .send(job)
+        let outcome = async {
+            worker
+                .send(job)
+                .await
+                .map_err(|_| PublishError::NotConnected)?;
+            // An error: the worker went away with the job (its connection died).
+            answer.await.unwrap_or(Err(PublishError::NotConnected))
+        };
+        // Past the deadline the answer's receiver is dropped with `outcome`: the worker then
+        // leaves the job alone if it has not taken it yet.
+        tokio::time::timeout_at(deadline, outcome)
             .await
-            .map_err(|_| PublishError::NotConnected)?;
-        match tokio::time::timeout(self.inner.timeout, answer).await {
-            Ok(Ok(outcome)) => outcome,
-            // The worker went away with the job (its connection died).
-            Ok(Err(_)) => Err(PublishError::NotConnected),
-            Err(_) => Err(PublishError::TimedOut),
-        }
+            .unwrap_or(Err(PublishError::TimedOut))
     }
 
     /// Keeps a connection and its workers up until `cancel`, reconnecting with backoff.
@@ -171,7 +196,8 @@ impl OrderPublisher {
         Ok(())
     }
 
-    /// One worker: publishes whatever waits for it, batch after batch, until `lost`.
+    /// One worker: publishes whatever waits for it, batch after batch, until `lost` — never
+    /// another batch once its channel is lost.
     async fn work(
         self,
         publisher: ConfirmedPublisher,
@@ -181,22 +207,40 @@ impl OrderPublisher {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
             tokio::select! {
+                // A lost channel wins over jobs waiting: nothing more goes out on it.
+                biased;
                 _ = lost.cancelled() => break,
                 got = jobs.recv_many(&mut batch, MAX_BATCH) => if got == 0 { break },
             }
-            let outcome = self.publish_batch(&publisher, &batch).await;
-            metrics::histogram!("seckill_publish_batch_size").record(batch.len() as f64);
-            let failed = outcome.is_err();
-            for job in batch.drain(..) {
+            let now = Instant::now();
+            let (withdrawn, taken): (Vec<Job>, Vec<Job>) =
+                batch.drain(..).partition(|job| job.withdrawn(now));
+            if !withdrawn.is_empty() {
+                metrics::counter!(crate::metric_names::PUBLISH_WITHDRAWN)
+                    .increment(withdrawn.len() as u64);
+            }
+            for job in withdrawn {
+                let _ = job.done.send(Err(PublishError::TimedOut));
+            }
+            if taken.is_empty() {
+                continue;
+            }
+            let outcome = self.publish_batch(&publisher, &taken).await;
+            metrics::histogram!("seckill_publish_batch_size").record(taken.len() as f64);
+            for job in taken {
                 let _ = job.done.send(outcome.clone());
             }
-            if failed && !publisher.is_open() {
+            // A late confirm (or return) would be credited to the next batch: after a timeout
+            // this channel is done. After another failure, it is if it closed.
+            let channel_lost = match &outcome {
+                Ok(()) => false,
+                Err(PublishError::TimedOut) => true,
+                Err(_) => !publisher.is_open(),
+            };
+            if channel_lost {
                 // The connection loop notices and reconnects; the queued jobs fail fast.
                 lost.cancel();
-            }
-            if matches!(outcome, Err(PublishError::TimedOut)) {
-                // A late confirm would be credited to the next batch: this channel is done.
-                lost.cancel();
+                break;
             }
         }
         jobs.close();

@@ -30,6 +30,7 @@ fn job(request_id: &str) -> (Job, oneshot::Receiver<Result<(), PublishError>>) {
         payload: format!(r#"{{"request_id":"{request_id}"}}"#).into_bytes(),
         traceparent: String::new(),
         tracestate: String::new(),
+        deadline: Instant::now() + Duration::from_secs(60),
         done,
     };
     (job, answer)
@@ -72,6 +73,38 @@ async fn a_job_whose_handler_stopped_waiting_is_left_to_the_relay() {
         1,
         "a purchase whose handler stopped waiting was published too"
     );
+    drop(jobs);
+    worker.await.expect("worker");
+    let _ = connection.close(200, "test done".into()).await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_job_past_its_deadline_is_answered_unpublished() {
+    let ns = TestNamespace::new();
+    let (connection, channel) = ns.channel().await;
+    let confirmed = ConfirmedPublisher::open(&connection, Duration::from_secs(10))
+        .await
+        .expect("confirm channel");
+    let (jobs, queued) = mpsc::channel(16);
+    // Its handler is about to give up: a confirm could only come after it answered.
+    let (mut late, late_answer) = job("late");
+    late.deadline = Instant::now();
+    let (waited, answer) = job("waited");
+    jobs.send(late).await.expect("queue");
+    jobs.send(waited).await.expect("queue");
+    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).work(
+        confirmed,
+        queued,
+        CancellationToken::new(),
+    ));
+    assert!(answered(answer).await.is_ok());
+    assert!(matches!(
+        answered(late_answer).await,
+        Err(PublishError::TimedOut)
+    ));
+    let queue = ns.topology().queue;
+    assert_eq!(ns.queue_depth(&channel, &queue).await, 1);
     drop(jobs);
     worker.await.expect("worker");
     let _ = connection.close(200, "test done".into()).await;
