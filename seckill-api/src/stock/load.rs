@@ -144,7 +144,7 @@ impl StockEngine {
     pub(super) async fn load(&self, product: &Product) -> Result<(), ApiError> {
         let started = Instant::now();
         let snapshot = Snapshot::read(&self.db, product).await?;
-        seckill_http::failpoint!("load::after_snapshot", Err(redis_lost()));
+        seckill_http::failpoint!("load::after_snapshot", Err(postgres_lost()));
         // Before the first bucket is written, since a bucket sells the moment it is: from
         // now on a missing bucket may mean Redis lost units sold from it. Marked after the
         // fill instead, one failed update (or a crash before it) would leave the flag down
