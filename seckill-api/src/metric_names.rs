@@ -71,20 +71,6 @@ pub fn confirm_failure_reason(error: &seckill_messaging::PublishError) -> &'stat
     }
 }
 
-/// The `reason` of a purchase handler's failed publish (`crate::publisher`).
-pub fn handler_failure_reason(error: &crate::publisher::PublishError) -> &'static str {
-    use crate::publisher::PublishError;
-    use seckill_messaging::NotTaken;
-    match error {
-        PublishError::NotConnected => confirm_failure::NOT_CONNECTED,
-        PublishError::TimedOut => confirm_failure::TIMED_OUT,
-        PublishError::Refused(NotTaken::Returned) => confirm_failure::RETURNED,
-        PublishError::Refused(NotTaken::Nacked) => confirm_failure::NACKED,
-        PublishError::Refused(NotTaken::NotConfirmed) => confirm_failure::NOT_CONFIRMED,
-        PublishError::Channel(_) => confirm_failure::CHANNEL,
-    }
-}
-
 /// Describes every metric above and registers at zero the series alerts and panels read;
 /// `replica` is this replica's relay consumer name.
 pub fn describe(replica: &str) {

@@ -117,6 +117,21 @@ pub enum PublishError {
     Channel(String),
 }
 
+impl PublishError {
+    /// Its `reason` label on `outbox_confirm_failures_total`.
+    pub fn reason(&self) -> &'static str {
+        use crate::metric_names::confirm_failure;
+        match self {
+            PublishError::NotConnected => confirm_failure::NOT_CONNECTED,
+            PublishError::TimedOut => confirm_failure::TIMED_OUT,
+            PublishError::Refused(NotTaken::Returned) => confirm_failure::RETURNED,
+            PublishError::Refused(NotTaken::Nacked) => confirm_failure::NACKED,
+            PublishError::Refused(NotTaken::NotConfirmed) => confirm_failure::NOT_CONFIRMED,
+            PublishError::Channel(_) => confirm_failure::CHANNEL,
+        }
+    }
+}
+
 impl OrderPublisher {
     /// A publisher to `amqp_url`; it connects once [`OrderPublisher::run`] runs.
     pub fn new(

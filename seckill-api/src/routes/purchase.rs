@@ -280,7 +280,7 @@ async fn deliver(
                 Err(e) => {
                     tracing::warn!(error = %e, %request_id, "publish failed; the relay takes over");
                     metrics::counter!(crate::metric_names::OUTBOX_CONFIRM_FAILURES,
-                        "reason" => crate::metric_names::handler_failure_reason(&e))
+                        "reason" => e.reason())
                     .increment(1);
                     "outbox"
                 }
