@@ -10,7 +10,9 @@ use seckill_messaging::{OrderMessage, OrderSigner};
 use seckill_testkit::{TestNamespace, eventually};
 
 use crate::helpers::{TestApp, spawn_app_with};
-use crate::parking::{compensations_done, ids, redis_view, report, sold_in_redis};
+use crate::parking::{
+    compensations_done, create_product_with_id, ids, redis_view, report, sold_in_redis,
+};
 
 /// Publishes `msg` signed with a key that is not the service's.
 async fn publish_forged(app: &TestApp, msg: &OrderMessage) {
@@ -110,5 +112,217 @@ async fn ignoring_a_dead_letter_refused_for_its_signature_gives_up_nothing() {
     assert_eq!(orders_of(&app, product).await, [(1, "created".to_string())]);
     assert_eq!(app.stock_remaining(product).await, 0);
     assert_eq!(redis_view(&app, product, 1).await.0, 0);
+    app.shutdown().await;
+}
+
+/// A parked entry as the recorder left it: (buyer, product, reason, status, redrives,
+/// signed, operator, body).
+type Parked = (
+    Option<i64>,
+    Option<i64>,
+    String,
+    String,
+    i32,
+    bool,
+    Option<String>,
+    String,
+);
+
+async fn entry(app: &TestApp, event_id: &str) -> Option<Parked> {
+    sqlx::query_as(
+        "SELECT user_id, product_id, error_code, status, redrives, signature IS NOT NULL, \
+                operator, convert_from(body, 'UTF8') \
+         FROM dead_letters WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .fetch_optional(&app.db)
+    .await
+    .expect("entry")
+}
+
+/// `msg` as published, as an entry shows its body.
+fn body(msg: &OrderMessage) -> String {
+    serde_json::to_string(msg).expect("json")
+}
+
+/// Waits until the entry of `event_id` says `error_code`, and returns it.
+async fn wait_for_reason(app: &TestApp, event_id: &str, error_code: &str) -> Parked {
+    let wait = Duration::from_secs(20);
+    eventually("the dead letter recorded", wait, || async {
+        entry(app, event_id).await.filter(|e| e.2 == error_code)
+    })
+    .await
+}
+
+async fn last_attempt(app: &TestApp, event_id: &str) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT last_attempt FROM dead_letters WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("last attempt")
+}
+
+#[tokio::test]
+async fn a_genuine_dead_letter_takes_over_the_entry_a_forgery_parked_first() {
+    let mut app = spawn_app_with(TestNamespace::new(), |_| {}).await;
+    // User 1 buys a product the database does not know yet: the purchase will be parked
+    // (unknown_product). A forger who learnt its request id gets there first, for user 2
+    // and another product.
+    let product = app.product(5).await;
+    let missing = 777_301;
+    let genuine = app.message(missing, 1);
+    let id = genuine.request_id.to_string();
+    let mut forgery = genuine.clone();
+    forgery.user_id = 2;
+    forgery.product_id = product;
+    app.publish_signed_as(&forgery, None).await;
+    assert_eq!(app.wait_parked(1).await[0].1, "unsigned");
+    // The operator redrives it (refused again), then ignores it.
+    let redriven = report(&app, "redrive", json!({ "ids": [id] })).await;
+    assert_eq!(ids(&redriven), [id.as_str()]);
+    let wait = Duration::from_secs(20);
+    eventually("the forgery refused again", wait, || async {
+        let entry = entry(&app, &id).await.expect("parked");
+        (entry.3 == "pending").then_some(())
+    })
+    .await;
+    let ignored = report(&app, "ignore", json!({ "ids": [id] })).await;
+    assert_eq!(ids(&ignored), [id.as_str()]);
+
+    // The genuine dead letter arrives: the entry is the purchase's, as if it came first.
+    app.publish(&genuine).await;
+    let taken_over = wait_for_reason(&app, &id, "unknown_product").await;
+    assert_eq!(
+        taken_over,
+        (
+            Some(1),
+            Some(missing),
+            "unknown_product".to_string(),
+            "pending".to_string(),
+            0,
+            true,
+            None,
+            body(&genuine)
+        )
+    );
+
+    // Once the product exists, a redrive makes it user 1's order; user 2 bought nothing.
+    create_product_with_id(&app, missing, 5).await;
+    let redriven = report(&app, "redrive", json!({ "product_id": missing })).await;
+    assert_eq!(ids(&redriven), [id]);
+    app.stop_when_drained().await;
+    assert_eq!(orders_of(&app, missing).await, [(1, "created".to_string())]);
+    assert!(orders_of(&app, product).await.is_empty());
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn while_upgrading_an_unsigned_dead_letter_is_genuine_and_no_forgery_changes_it() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| s.accept_unsigned = true).await;
+    let product = app.product(5).await;
+    let missing = 777_302;
+    // Two purchases from a seckill-api of before signing, of a product not known yet.
+    let first = app.message(missing, 1);
+    let second = app.message(missing, 3);
+    let first_id = first.request_id.to_string();
+    let second_id = second.request_id.to_string();
+
+    // A forgery after the first one's dead letter changes nothing of it.
+    app.publish_signed_as(&first, None).await;
+    let parked = wait_for_reason(&app, &first_id, "unknown_product").await;
+    let before = last_attempt(&app, &first_id).await;
+    let mut copy = first.clone();
+    copy.user_id = 2;
+    copy.product_id = product;
+    publish_forged(&app, &copy).await;
+    let wait = Duration::from_secs(20);
+    eventually("the forgery recorded", wait, || async {
+        (last_attempt(&app, &first_id).await > before).then_some(())
+    })
+    .await;
+    assert_eq!(entry(&app, &first_id).await, Some(parked));
+
+    // A forgery before the second one's dead letter gives way to it.
+    let mut copy = second.clone();
+    copy.user_id = 4;
+    copy.product_id = product;
+    publish_forged(&app, &copy).await;
+    wait_for_reason(&app, &second_id, "bad_signature").await;
+    app.publish_signed_as(&second, None).await;
+    let taken_over = wait_for_reason(&app, &second_id, "unknown_product").await;
+    assert_eq!(
+        taken_over,
+        (
+            Some(3),
+            Some(missing),
+            "unknown_product".to_string(),
+            "pending".to_string(),
+            0,
+            false,
+            None,
+            body(&second)
+        )
+    );
+
+    // Both become their buyers' orders once the product exists.
+    create_product_with_id(&app, missing, 5).await;
+    let redriven = report(&app, "redrive", json!({ "product_id": missing })).await;
+    let mut both = vec![first_id, second_id];
+    both.sort();
+    assert_eq!(ids(&redriven), both);
+    app.stop_when_drained().await;
+    let buyers: Vec<i64> = orders_of(&app, missing)
+        .await
+        .into_iter()
+        .map(|o| o.0)
+        .collect();
+    assert_eq!(buyers.len(), 2);
+    assert!(buyers.contains(&1) && buyers.contains(&3), "{buyers:?}");
+    assert!(orders_of(&app, product).await.is_empty());
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unsigned_purchase_redriven_after_the_upgrade_stays_the_purchases_entry() {
+    let app = spawn_app_with(TestNamespace::new(), |_| {}).await;
+    // Parked before signing existed (no signature), and redriven once unsigned messages are
+    // refused: it comes back as `unsigned`, with its own body.
+    let missing = 777_303;
+    let purchase = app.message(missing, 1);
+    let id = purchase.request_id.to_string();
+    sqlx::query(
+        "INSERT INTO dead_letters (event_id, user_id, product_id, body, error_code, last_error, \
+                                   attempts) \
+         VALUES ($1, $2, $3, $4, 'unknown_product', 'no such product', 1)",
+    )
+    .bind(&id)
+    .bind(purchase.user_id)
+    .bind(missing)
+    .bind(serde_json::to_vec(&purchase).expect("body"))
+    .execute(&app.db)
+    .await
+    .expect("park");
+    let redriven = report(&app, "redrive", json!({ "ids": [id] })).await;
+    assert_eq!(ids(&redriven), [id.as_str()]);
+    let wait = Duration::from_secs(20);
+    let back = eventually("refused and recorded", wait, || async {
+        entry(&app, &id).await.filter(|e| e.3 != "redriven")
+    })
+    .await;
+    // Still the purchase (it holds its unit), and pending again: once unsigned messages are
+    // accepted again, it can be redriven, or ignored with its unit given back.
+    assert_eq!(
+        back,
+        (
+            Some(1),
+            Some(missing),
+            "unknown_product".to_string(),
+            "pending".to_string(),
+            1,
+            false,
+            Some("admin:900".to_string()),
+            body(&purchase)
+        )
+    );
     app.shutdown().await;
 }

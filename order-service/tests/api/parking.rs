@@ -41,7 +41,7 @@ pub(crate) fn ids(report: &Value) -> Vec<String> {
 }
 
 /// Inserts a product with a chosen id (the "fix": the catalogue was missing it).
-async fn create_product_with_id(app: &TestApp, id: i64, stock: i32) {
+pub(crate) async fn create_product_with_id(app: &TestApp, id: i64, stock: i32) {
     let now = Utc::now();
     sqlx::query(
         "INSERT INTO products (id, name, price_cents, stock_total, stock_remaining, start_at, end_at) \
