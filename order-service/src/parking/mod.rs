@@ -10,6 +10,8 @@
 //! ```
 //! An entry parked for its signature (`unsigned`, `bad_signature`) goes through the same
 //! states but holds nothing: ignored, it is only marked so, and redriven, it is refused again.
+//! Under one request id the genuine dead letter wins: it takes over a forgery's entry, and a
+//! forgery never changes its entry (`store::record`).
 //! A redrive flips the entry to `redriven` and publishes its body back to the orders exchange
 //! (with a confirm) inside one transaction that commits only after the confirm: a failed
 //! publish leaves it `pending`, and a second redrive of the same entry finds it `redriven`

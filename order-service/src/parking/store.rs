@@ -13,41 +13,44 @@ const SIGNATURE_REFUSALS: [&str; 2] = SignatureError::CODES;
 
 /// Records a dead letter (idempotent per event id) and returns the entry's status. An entry
 /// that was redriven and failed again is pending again, or quarantined once it has had
-/// `quarantine_after` redrives; an ignored or pending one stays as it is. A copy refused for
-/// its signature never replaces an entry that was not (only its last attempt is noted).
+/// `quarantine_after` redrives; an ignored or pending one stays as it is.
+///
+/// What an entry says is the genuine purchase's (one not refused for its signature, signed
+/// or accepted unsigned during an upgrade): anyone who can publish can park a forgery under
+/// any request id, before or after the purchase's own dead letter. A genuine copy takes over
+/// an entry a forgery holds entirely — buyer, product, body, signature, trace, reason, and a
+/// fresh status, since an ignore or a redrive of the forgery never concerned the purchase.
+/// A forgery never changes an entry that is not one (see [`refused_copy`]).
 pub async fn record(
     db: &PgPool,
     arrival: &Arrival,
     quarantine_after: i32,
 ) -> Result<String, sqlx::Error> {
-    if SIGNATURE_REFUSALS.contains(&arrival.error_code.as_str()) {
-        // Anyone who can publish could otherwise overwrite a parked purchase with a forgery
-        // under its request id, and the purchase's redrive would then be refused.
-        let kept: Option<String> = sqlx::query_scalar(
-            "UPDATE dead_letters SET last_attempt = now() \
-             WHERE event_id = $1 AND error_code <> ALL($2) AND signature IS NOT NULL \
-             RETURNING status",
-        )
-        .bind(&arrival.event_id)
-        .bind(SIGNATURE_REFUSALS.to_vec())
-        .fetch_optional(db)
-        .await?;
-        if let Some(status) = kept {
-            return Ok(status);
-        }
-    }
-    sqlx::query_scalar(
+    let forged = SIGNATURE_REFUSALS.contains(&arrival.error_code.as_str());
+    // The update's expressions read the entry as it was: `NOT $11 AND dead_letters.error_code
+    // = ANY($12)` is a genuine copy taking over a forgery's entry. Its WHERE leaves a genuine
+    // entry alone when a forgery arrives.
+    let written: Option<String> = sqlx::query_scalar(
         "INSERT INTO dead_letters \
              (event_id, user_id, product_id, body, error_code, last_error, attempts, signature, \
               traceparent) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $9, $10) \
          ON CONFLICT (event_id) DO UPDATE SET \
+             user_id = EXCLUDED.user_id, product_id = EXCLUDED.product_id, \
              error_code = EXCLUDED.error_code, last_error = EXCLUDED.last_error, \
              attempts = EXCLUDED.attempts, body = EXCLUDED.body, last_attempt = now(), \
              signature = EXCLUDED.signature, traceparent = EXCLUDED.traceparent, \
-             status = CASE WHEN dead_letters.status <> 'redriven' THEN dead_letters.status \
+             status = CASE WHEN NOT $11 AND dead_letters.error_code = ANY($12) THEN 'pending' \
+                           WHEN dead_letters.status <> 'redriven' THEN dead_letters.status \
                            WHEN dead_letters.redrives >= $8 THEN 'quarantined' \
-                           ELSE 'pending' END \
+                           ELSE 'pending' END, \
+             redrives = CASE WHEN NOT $11 AND dead_letters.error_code = ANY($12) THEN 0 \
+                             ELSE dead_letters.redrives END, \
+             first_seen = CASE WHEN NOT $11 AND dead_letters.error_code = ANY($12) THEN now() \
+                               ELSE dead_letters.first_seen END, \
+             operator = CASE WHEN NOT $11 AND dead_letters.error_code = ANY($12) THEN NULL \
+                             ELSE dead_letters.operator END \
+         WHERE NOT $11 OR dead_letters.error_code = ANY($12) \
          RETURNING status",
     )
     .bind(&arrival.event_id)
@@ -60,6 +63,38 @@ pub async fn record(
     .bind(quarantine_after)
     .bind(&arrival.signature)
     .bind(&arrival.traceparent)
+    .bind(forged)
+    .bind(SIGNATURE_REFUSALS.to_vec())
+    .fetch_optional(db)
+    .await?;
+    match written {
+        Some(status) => Ok(status),
+        None => refused_copy(db, arrival, quarantine_after).await,
+    }
+}
+
+/// A copy refused for its signature, arriving at a genuine entry: only its attempt is noted.
+/// Unless it is the purchase's own body (its redrive refused, say an unsigned purchase from
+/// before signing redriven once unsigned ones were no longer accepted): then it counts as the
+/// entry failing again, with the reason the entry already has, so it stays the purchase's
+/// and can be redriven again (or ignored) instead of waiting as `redriven` for good.
+async fn refused_copy(
+    db: &PgPool,
+    arrival: &Arrival,
+    quarantine_after: i32,
+) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE dead_letters SET last_attempt = now(), \
+             last_error = CASE WHEN body = $2 THEN $3 ELSE last_error END, \
+             status = CASE WHEN body <> $2 OR status <> 'redriven' THEN status \
+                           WHEN redrives >= $4 THEN 'quarantined' \
+                           ELSE 'pending' END \
+         WHERE event_id = $1 RETURNING status",
+    )
+    .bind(&arrival.event_id)
+    .bind(&arrival.body)
+    .bind(&arrival.last_error)
+    .bind(quarantine_after)
     .fetch_one(db)
     .await
 }
