@@ -15,8 +15,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 /// How often a buyer asks for its purchase's result.
 const POLL_EVERY: Duration = Duration::from_millis(200);
-/// Settles at once, at most.
-const CONCURRENCY: usize = 64;
+/// Settles at once, at most: enough that a wave's last buyer pays well within the payment
+/// window even on a busy machine (each settle is a few polls and one request).
+const CONCURRENCY: usize = 256;
 
 /// What a buyer does with its order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
