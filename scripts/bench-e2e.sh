@@ -16,7 +16,7 @@
 #
 # The scenarios run in turn, in a different order each round. The summary gives each run's
 # rate, p50/p99 and the CPU time per request of each process (from /proc utime+stime), the
-# medians with their spread, the ratios the goals of issue 20 are about (soldout/healthz and
+# medians with their spread, the ratios docs/benchmarks.md sets goals for (soldout/healthz and
 # accepted/evalsha, per round and median) and each service's RSS at the end.
 #
 #   scripts/bench-e2e.sh                           # 3 rounds of 8 s, -c64 -t2
@@ -551,7 +551,7 @@ if ((million)); then
     cat "$WORK/million.md"
     echo
     echo "answered: $statuses; $(grep '^BENCH ' "$out" | awk '{ for (i = 2; i <= NF; i++) if ($i ~ /^(rps|p99_us|taken)=/) printf "%s ", $i }')"
-    echo "redis-server $(rss_mb "$REDIS_PID") MB; the limit of issue 20: every service <= 64 MB"
+    echo "redis-server $(rss_mb "$REDIS_PID") MB; the memory goal: every service <= 64 MB"
     exit 0
 fi
 
