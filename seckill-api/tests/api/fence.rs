@@ -420,7 +420,9 @@ async fn a_rebuilt_ledger_holds_no_unit_and_no_buyer_for_a_forged_dead_letter() 
 
     // Redis loses the ledger; it is rebuilt from Postgres.
     wipe(&app, product).await;
-    eventually("sales resume", Duration::from_secs(60), || async {
+    // Two quiet readings of the management API 6 s apart, after the fence stood 6 s: a
+    // loaded broker may take a while.
+    eventually("sales resume", Duration::from_secs(120), || async {
         (app.purchase(product, 2).await.status() == 202).then_some(())
     })
     .await;
