@@ -1,12 +1,9 @@
 //! The errors this crate's failpoints return (`seckill_http::failpoint!`,
 //! `docs/failpoints.md`): what the step's next call gives when its store has gone away.
 
-use std::io::{Error, ErrorKind};
-
 /// A Postgres call whose connection was reset, as the caller's error type.
 pub(crate) fn postgres_lost<E: From<sqlx::Error>>() -> E {
-    let reset = Error::new(ErrorKind::ConnectionReset, "connection reset (failpoint)");
-    sqlx::Error::Io(reset).into()
+    sqlx::Error::Io(seckill_http::failpoint::connection_reset()).into()
 }
 
 /// An AMQP call whose channel went away.

@@ -42,3 +42,12 @@ pub fn abort_if_asked(name: &'static str, action: Option<&str>) {
     tracing::warn!(failpoint = name, "failpoint: returning early");
     metrics::counter!("failpoints_fired_total", "failpoint" => name).increment(1);
 }
+
+/// The I/O error a failpoint hands to the client library it stands in for: a connection
+/// reset, as a store that went away gives it.
+pub fn connection_reset() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "connection reset (failpoint)",
+    )
+}

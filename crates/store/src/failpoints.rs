@@ -3,9 +3,5 @@
 
 /// A Redis call whose connection was reset.
 pub(crate) fn redis_lost() -> redis::RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "connection reset (failpoint)",
-    )
-    .into()
+    seckill_http::failpoint::connection_reset().into()
 }
