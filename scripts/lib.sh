@@ -23,8 +23,8 @@ GATEWAY_PORT="${SECKILL_GATEWAY_PORT:-8080}"
 API_PORT="${SECKILL_API_PORT:-8081}"
 ORDER_PORT="${SECKILL_ORDER_PORT:-8082}"
 
-# The services' secrets. Each refuses to start on its public development value (README) unless
-# SECKILL_ALLOW_DEV_SECRETS=true, so the scripts that start services give every secret the
+# The services' secrets. Each refuses to start on its public development value (docs/security.md)
+# unless SECKILL_ALLOW_DEV_SECRETS=true, so the scripts that start services give every secret the
 # caller did not set a fresh random value (per_run_secrets); up.sh records the values in
 # SECRETS_FILE so that scripts/token.sh and demo.sh's load tester sign with the same ones.
 SECRET_VARIABLES=(SECKILL_JWT_SECRET SECKILL_INTERNAL_KEY SECKILL_ORDER_SIGNING_KEY)

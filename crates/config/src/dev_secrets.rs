@@ -1,10 +1,11 @@
 //! The refusal to run on a public development secret.
 //!
-//! The development values of the secrets are printed in the README, so a service running on
-//! one trusts anybody who read it: with the identity key, a forged admin identity reaches a
-//! backend directly. Every service therefore checks its secrets where its binary loads the
-//! settings (not in `load`, so tests that build settings by hand stay as they are) and stops
-//! unless the operator opted into development mode with [`ALLOW_DEV_SECRETS_VARIABLE`].
+//! The development values of the secrets are public (in this repository's source and its
+//! configuration reference), so a service running on one trusts anybody who read them: with the
+//! identity key, a forged admin identity reaches a backend directly. Every service therefore
+//! checks its secrets where its binary loads the settings (not in `load`, so tests that build
+//! settings by hand stay as they are) and stops unless the operator opted into development mode
+//! with [`ALLOW_DEV_SECRETS_VARIABLE`].
 
 use crate::{ConfigError, Secret};
 

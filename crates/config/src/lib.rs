@@ -234,7 +234,7 @@ impl From<&str> for Secret {
     }
 }
 
-/// The JWT secret used when none is configured. Documented in the README, so public: the
+/// The JWT secret used when none is configured. Documented in the repository, so public: the
 /// gateway refuses to start with it unless `SECKILL_ALLOW_DEV_SECRETS=true`.
 pub const DEV_JWT_SECRET: &str = "seckill-dev-jwt-secret-change-me";
 
