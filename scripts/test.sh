@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The whole test suite: makes the infrastructure ready, clears leftovers of crashed earlier
-# runs, then runs every test of the workspace against the real Postgres, Redis and RabbitMQ
-# twice: on the single Redis server, then on a local 3-master Redis Cluster
-# (scripts/redis-cluster.sh), because every script and key layout must work on both.
-# Arguments go to `cargo test` (e.g. `scripts/test.sh -p gateway`, `scripts/test.sh -- --nocapture`);
+# runs, then runs the workspace's tests with cargo-nextest (.config/nextest.toml: one process
+# per test, several at once, no retries) against the real Postgres, Redis and RabbitMQ:
+# every test on the single Redis server, then on a local 3-master Redis Cluster
+# (scripts/redis-cluster.sh) the tests that reach Redis (the `cluster` profile's filter),
+# because every script and key layout must work on both.
+# Arguments go to `cargo nextest run` (e.g. `scripts/test.sh -p gateway`,
+# `scripts/test.sh -E 'test(purchase)'`, `scripts/test.sh --no-capture`);
 # SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only. A cluster the run
 # started is stopped at its end; one that was already up and healthy is left as it was.
 # Then, for the whole suite (no arguments), the fault matrix's fast scenarios
 # (`scripts/chaos.sh --fast` on the binaries the tests built; its own stores, a few minutes);
 # SECKILL_TEST_CHAOS=0 skips it, =1 runs it with arguments too.
-# Last, likewise, the HTTP/1.1 parsers and the HS256 token check fuzzed for 60 s per target
-# (`scripts/fuzz.sh`, a few minutes with its build); SECKILL_TEST_FUZZ=0 skips it, =1 runs it
-# with arguments too.
+# Last, likewise, the HTTP/1.1 parsers and the HS256 token check fuzzed for
+# SECKILL_TEST_FUZZ_SECONDS (default 20) per target (`scripts/fuzz.sh`; its long run is a
+# documented command of its own); SECKILL_TEST_FUZZ=0 skips it, =1 runs it with arguments too.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
-# It ends with `tests: N passed, N failed`; after a failed run, first with a list of what
-# failed, so that the tail of a long log names it.
+# It ends with the slowest tests, then `tests: N passed, N failed`; after a failed run, first
+# with a list of what failed, so that the tail of a long log names it.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -29,7 +32,7 @@ log=
 # A cluster this run started (or had to rebuild) is stopped at the end; a healthy one stays.
 started_cluster=0
 cleanup() {
-  [ -z "$log" ] || rm -f "$log"
+  [ -z "$log" ] || rm -f "$log" "$log".*.xml
   if ((started_cluster)); then
     "$SCRIPTS/redis-cluster.sh" stop >/dev/null 2>&1 || true
   fi
@@ -77,15 +80,29 @@ if ((${#features[@]} > 0)); then
 fi
 for mode in $modes; do
   case "$mode" in
-    single) unset SECKILL_TEST_REDIS_CLUSTER ;;
-    cluster) SECKILL_TEST_REDIS_CLUSTER=$("$SCRIPTS/redis-cluster.sh" url); export SECKILL_TEST_REDIS_CLUSTER ;;
+    single)
+      unset SECKILL_TEST_REDIS_CLUSTER
+      profile=default
+      ;;
+    cluster)
+      SECKILL_TEST_REDIS_CLUSTER=$("$SCRIPTS/redis-cluster.sh" url)
+      export SECKILL_TEST_REDIS_CLUSTER
+      profile=cluster
+      ;;
     *) die "unknown Redis mode '$mode' (single or cluster)" ;;
   esac
-  say "cargo test ${scope[*]-} $* (Redis: $mode)"
+  say "cargo nextest run --profile $profile ${scope[*]-} $* (Redis: $mode)"
   # The pass, in the log too: the list of failures at the end says which one failed.
-  echo "cargo test pass: Redis $mode" >>"$log"
-  cargo test "${scope[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
+  echo "test pass: Redis $mode" >>"$log"
+  cargo nextest run --profile "$profile" "${scope[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
+  junit="$ROOT/target/nextest/$profile/junit.xml"
+  [ ! -f "$junit" ] || cp "$junit" "$log.$profile.xml"
 done
+# nextest runs no doc-tests: cargo's own runner does, once (they touch no server).
+if ((${#packages[@]} == 0)) && [[ " $* " != *" -E "* ]]; then
+  say "cargo test --doc ${scope[*]-}"
+  cargo test --doc "${scope[@]}" 2>&1 | tee -a "$log" || status=$?
+fi
 chaos=${SECKILL_TEST_CHAOS:-$((($# == 0) ? 1 : 0))}
 if [ "$chaos" = 1 ]; then
   say "fault matrix, fast scenarios: scripts/chaos.sh --debug-build --fast"
@@ -99,27 +116,46 @@ if [ "$chaos" = 1 ]; then
 fi
 fuzz=${SECKILL_TEST_FUZZ:-$((($# == 0) ? 1 : 0))}
 if [ "$fuzz" = 1 ]; then
-  say "the HTTP/1.1 parsers and the HS256 check fuzzed: scripts/fuzz.sh --seconds 60"
+  fuzz_seconds=${SECKILL_TEST_FUZZ_SECONDS:-20}
+  say "the HTTP/1.1 parsers and the HS256 check fuzzed: scripts/fuzz.sh --seconds $fuzz_seconds"
   fuzz_status=0
-  "$SCRIPTS/fuzz.sh" --seconds 60 2>&1 | tee -a "$log" || fuzz_status=$?
+  "$SCRIPTS/fuzz.sh" --seconds "$fuzz_seconds" 2>&1 | tee -a "$log" || fuzz_status=$?
   if ((fuzz_status != 0)); then
     status=$fuzz_status
     grep -Eq '^fuzz: [0-9]+ passed, [0-9]+ failed$' "$log" || echo "fuzz: 0 passed, 1 failed" | tee -a "$log"
   fi
 fi
-totals=$(awk '/^test result:/ { passed += $4; failed += $6 }
+# nextest's summary of each pass (`Summary [...] N tests run: P passed (S slow), F failed,
+# ...`), cargo's doc-test results, and the chaos and fuzz totals.
+totals=$(awk '
+  /^ *Summary \[.*tests? run:/ {
+    if (match($0, /[0-9]+ passed/)) passed += substr($0, RSTART, RLENGTH) + 0
+    if (match($0, /[0-9]+ failed/)) failed += substr($0, RSTART, RLENGTH) + 0
+    if (match($0, /[0-9]+ timed out/)) failed += substr($0, RSTART, RLENGTH) + 0
+    next
+  }
+  /^test result:/ { passed += $4; failed += $6 }
   /^(chaos|fuzz): [0-9]+ passed, [0-9]+ failed$/ { passed += $2; failed += $4 }
   END { printf "%d passed, %d failed", passed, failed }' "$log")
+# The slowest tests of the run, from nextest's JUnit reports: where the time goes.
+slowest=$(python3 "$SCRIPTS/slowest-tests.py" 15 "$log".*.xml 2>/dev/null || true)
+if [ -n "$slowest" ]; then
+  echo "slowest tests:"
+  sed 's/^/  /' <<<"$slowest"
+fi
 # What failed, named again at the very end: a kept tail of a long log then says which test,
 # scenario or target it was, and where it panicked.
 failures=$(awk '
-  /^cargo test pass: / { pass = $0; next }
+  /^test pass: / { pass = $0; next }
   /^thread .+ panicked at / { print; if ((getline message) > 0) print "  " message; next }
   /^  process didn.t exit successfully: .*signal/ { print; next }
   /^seckill-chaos: (.* \.\.\.|starting .*)$/ { next }
   /^test .+ \.\.\. FAILED$/ { print $0 (pass == "" ? "" : "  (" pass ")"); next }
+  /^ *(FAIL|TIMEOUT|SIGSEGV|SIGABRT|SIGKILL|ABORT|LEAK-FAIL) \[/ {
+    sub(/^ +/, ""); print $0 (pass == "" ? "" : "  (" pass ")"); next
+  }
   /^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
-' "$log" | head -n 60 || true)
+' "$log" | awk '!seen[$0]++' | head -n 60 || true)
 if ((status != 0)) && [ -n "$failures" ]; then
   echo "failures:"
   sed 's/^/  /' <<<"$failures"

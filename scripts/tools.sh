@@ -7,6 +7,7 @@
 #   docker-compose (Debian's, v1)          `config` validates docker-compose.yml (needs no
 #                                          Docker engine); skipped where `docker compose` exists
 #   openapi-spec-validator (PyPI)          checks docs/openapi.json against OpenAPI 3.1
+#   cargo-nextest (crates.io)              runs the suite (scripts/test.sh, .config/nextest.toml)
 # Safe to run again: a tool already on PATH is left as it is. scripts/test.sh runs it first.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -42,8 +43,14 @@ if ((${#pip_pkgs[@]} > 0)); then
         python3 -m pip install -q --user --break-system-packages "${pip_pkgs[@]}"
 fi
 
+if ! cargo nextest --version >/dev/null 2>&1; then
+    say "installing cargo-nextest (cargo install, a few minutes)"
+    cargo install --locked cargo-nextest
+fi
+
 for tool in wrk promtool k6 st; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after installing it"
 done
 have_compose || die "docker compose (or docker-compose) is still missing after installing it"
-say "tools: wrk, promtool, k6, schemathesis (st) and docker compose ready"
+cargo nextest --version >/dev/null 2>&1 || die "cargo-nextest is still missing after installing it"
+say "tools: wrk, promtool, k6, schemathesis (st), docker compose and cargo-nextest ready"
