@@ -166,7 +166,6 @@ async fn compensation_after_restock_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a panicked compensation relay keeps its row locked: unit back, sold-out flag stays up"]
 async fn compensation_after_restock_panic_then_restart() {
     compensation_fails_at("compensation::after_restock", "1*panic", true).await;
 }
