@@ -21,8 +21,10 @@
 //! The payment window needs no timer message: the sweep derives what expired from committed
 //! rows (`pay_by < now()`), so a crash or a restart cannot lose a deadline.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
@@ -214,13 +216,22 @@ async fn standing_orders(
 impl Supervised for Compensator {
     /// Rounds until `cancel` or a round in which nothing but failures happened: at once
     /// after a round that did some work, after a poll when there was none.
+    ///
+    /// A round that panics (a bug) fails like any other: the supervisor runs the relay again
+    /// after its backoff. A panic left alone would end the relay's task for good, with
+    /// nothing relaying in this replica from then on — a unit already back in its bucket
+    /// (a panic between restock and reopen) would stay under a sold-out flag that never
+    /// comes down. The round's transaction is dropped with it, so its rows are due again.
     async fn cycle(
         &mut self,
         health: &mut Health,
         cancel: &CancellationToken,
     ) -> anyhow::Result<()> {
         loop {
-            let round = self.round().await?;
+            let round = match AssertUnwindSafe(self.round()).catch_unwind().await {
+                Ok(round) => round?,
+                Err(panic) => anyhow::bail!("a compensation round panicked: {}", message(&*panic)),
+            };
             health.healthy();
             let pause = if round.worked > 0 {
                 Duration::ZERO
@@ -235,6 +246,15 @@ impl Supervised for Compensator {
             }
         }
     }
+}
+
+/// What a panic said, when it said it with a string.
+fn message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 impl Compensator {

@@ -349,6 +349,32 @@ async fn try_batch(
     Ok(Some(outcomes))
 }
 
+/// What each of `request_ids` already became in the database, as a copy of it written now
+/// would find it: its own live (or paid) order is [`Recorded::Duplicate`], its cancelled
+/// one [`Recorded::Cancelled`]; a purchase without an order of its own is left out.
+pub async fn written(
+    db: &PgPool,
+    request_ids: &[uuid::Uuid],
+) -> Result<std::collections::HashMap<uuid::Uuid, Recorded>, sqlx::Error> {
+    let rows: Vec<(uuid::Uuid, i64, bool)> = sqlx::query_as(
+        "SELECT request_id, id, status = 'cancelled' FROM orders WHERE request_id = ANY($1)",
+    )
+    .bind(request_ids)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(request_id, order_id, cancelled)| {
+            let outcome = if cancelled {
+                Recorded::Cancelled { order_id }
+            } else {
+                Recorded::Duplicate { order_id }
+            };
+            (request_id, outcome)
+        })
+        .collect())
+}
+
 /// Gives up `msg`, a second purchase of a buyer whose live order of the product is `live`,
 /// in `tx` (where its own insert found that order): a cancelled order in its name, so that
 /// every copy of it is a no-op from now on ([`Recorded::Cancelled`]); no database stock back,

@@ -3,6 +3,10 @@
 //!
 //! A dead letter is acked only after its row committed, so a crash or a database outage
 //! leaves it in the queue; recording is idempotent per event id, so a redelivery is one row.
+//!
+//! The dead-letter exchange is open to anyone who can publish, and a dead letter's reason is
+//! only a header: the recorder checks each one's signature as the consumer does, and parks
+//! one that fails as refused for its signature (holding nothing) whatever reason it claims.
 
 use std::time::Duration;
 
@@ -13,7 +17,7 @@ use lapin::types::FieldTable;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::{Health, Supervised, Supervisor, Topology};
+use seckill_messaging::{Health, OrderSigner, Supervised, Supervisor, Topology};
 
 #[cfg(feature = "failpoints")]
 use crate::failpoints::channel_lost;
@@ -28,6 +32,9 @@ pub struct Recorder {
     pub amqp_url: String,
     /// Queue names.
     pub topology: Topology,
+    /// The consumer's signature check: a dead letter it does not accept is parked as refused
+    /// for its signature, whatever reason its headers give (see [`Arrival::from_message`]).
+    pub signer: OrderSigner,
     /// Redrives after which an entry that fails again is quarantined.
     pub quarantine_after: i32,
     /// Wait before handing a dead letter back after a failed write.
@@ -73,7 +80,7 @@ impl Recorder {
                     None => break Err(anyhow::anyhow!("dead-letter stream ended")),
                 },
             };
-            let arrival = Arrival::from_message(&delivery.data, &delivery.properties);
+            let arrival = Arrival::from_message(&delivery.data, &delivery.properties, &self.signer);
             match parking::record(&self.db, &arrival, self.quarantine_after).await {
                 Ok(status) => {
                     seckill_http::failpoint!("record::after_insert", Err(channel_lost()));

@@ -107,6 +107,7 @@ impl Application {
             db: consumer.db.clone(),
             amqp_url: consumer.amqp_url.clone(),
             topology: consumer.topology.clone(),
+            signer: consumer.signer.clone(),
             quarantine_after: settings.quarantine_after_redrives,
             retry_delay: consumer.requeue_delay,
         };

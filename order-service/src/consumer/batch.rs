@@ -18,44 +18,82 @@ use crate::metric_names as names;
 use crate::orders;
 
 impl OrderConsumer {
-    /// Handles one batch; if that panics (a bug), dead-letters what it had not settled
-    /// rather than leaving it unacked — lapin does not settle a dropped delivery, so it would
-    /// hold a prefetch slot until the channel closes and then be redelivered into the same
-    /// panic. Only deliveries still in hand are rejected: one the batch already finished may
-    /// be awaiting its (coalesced) ack, and its order is written.
+    /// Handles one batch. If that panics (a bug), what it had not settled is settled here
+    /// rather than left unacked — lapin does not settle a dropped delivery, so it would hold a
+    /// prefetch slot until the channel closes and then be redelivered into the same panic.
+    /// The panic may have come after the batch's transaction committed: each delivery whose
+    /// purchase the database now holds is finished as a redelivery of it would be (its
+    /// buyer's result written, acked), and only the others are dead-lettered. Deliveries the
+    /// batch already finished are left alone: one may be awaiting its (coalesced) ack.
     pub(super) async fn handle_even_on_panic(self, batch: Vec<Delivery>, out: Out) {
-        let ackers: Vec<_> = batch
-            .iter()
-            .map(|d| (d.delivery_tag, d.acker.clone()))
-            .collect();
-        let handled = AssertUnwindSafe(self.handle_batch(batch, &out))
+        let handled = AssertUnwindSafe(self.handle_batch(&batch, &out))
             .catch_unwind()
             .await;
-        if handled.is_err() {
-            tracing::error!("order handler panicked, dead-lettering its batch");
-            let tags: Vec<u64> = ackers.iter().map(|(tag, _)| *tag).collect();
-            let unsettled = out.acks.still_in_hand(&tags).await;
-            for (tag, acker) in ackers {
-                if !unsettled.contains(&tag) {
-                    continue;
-                }
-                if acker
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await
-                    .is_ok()
-                {
-                    metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => "panic")
-                        .increment(1);
-                } else {
-                    metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
-                }
-                out.acks.settled_elsewhere(tag).await;
+        if handled.is_ok() {
+            return;
+        }
+        tracing::error!("order handler panicked; finishing what it wrote, dead-lettering the rest");
+        let tags: Vec<u64> = batch.iter().map(|d| d.delivery_tag).collect();
+        let unsettled = out.acks.still_in_hand(&tags).await;
+        let in_hand: Vec<&Delivery> = batch
+            .iter()
+            .filter(|d| unsettled.contains(&d.delivery_tag))
+            .collect();
+        let finished = AssertUnwindSafe(self.finish_committed(&in_hand, &out))
+            .catch_unwind()
+            .await;
+        if finished.is_err() {
+            tracing::error!("finishing a panicked batch panicked too, dead-lettering the rest");
+        }
+        let unsettled = out.acks.still_in_hand(&tags).await;
+        for delivery in batch.iter().filter(|d| unsettled.contains(&d.delivery_tag)) {
+            if delivery
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+                .is_ok()
+            {
+                metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => "panic").increment(1);
+            } else {
+                metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
             }
+            out.acks.settled_elsewhere(delivery.delivery_tag).await;
         }
     }
 
+    /// After a panic: finishes each delivery of `in_hand` whose purchase the database holds
+    /// (its live order: the buyer's result is written and it is acked; its cancelled one: it
+    /// is acked), as [`Self::handle_batch`] would have had its answer not been lost. It trusts
+    /// a delivery as that does: only once its signature verifies and its body parses. The
+    /// others, and all of them if the database cannot say, stay in hand.
+    async fn finish_committed(&self, in_hand: &[&Delivery], out: &Out) {
+        let trusted: Vec<(&Delivery, OrderMessage)> = in_hand
+            .iter()
+            .filter(|d| self.signer.verify(&d.data, signature_of(d)).is_ok())
+            .filter_map(|d| Some((*d, serde_json::from_slice::<OrderMessage>(&d.data).ok()?)))
+            .collect();
+        if trusted.is_empty() {
+            return;
+        }
+        let request_ids: Vec<uuid::Uuid> = trusted.iter().map(|(_, msg)| msg.request_id).collect();
+        let written = match orders::written(&self.db, &request_ids).await {
+            Ok(written) => written,
+            Err(e) => {
+                tracing::error!(error = %e, "could not tell which purchases a panicked batch wrote");
+                return;
+            }
+        };
+        let finishes = trusted.into_iter().filter_map(|(delivery, msg)| {
+            let outcome = written.get(&msg.request_id)?.clone();
+            Some(
+                self.finish_written(out, delivery, msg, outcome)
+                    .instrument(delivery_span(delivery)),
+            )
+        });
+        futures_util::future::join_all(finishes).await;
+    }
+
     /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
-    async fn handle_batch(&self, batch: Vec<Delivery>, out: &Out) {
+    async fn handle_batch(&self, batch: &[Delivery], out: &Out) {
         let Some(permit) = self.breaker.try_acquire() else {
             // The breaker is refusing calls (the consumer is pausing, or half-open has all
             // the trial calls it allows): hand the batch back, no attempt counted.
@@ -64,7 +102,7 @@ impl OrderConsumer {
             return;
         };
         metrics::counter!(names::ORDERS_CONSUMED).increment(batch.len() as u64);
-        observe_retry_latency(&batch);
+        observe_retry_latency(batch);
         let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
         self.retry.record_first_attempts(first);
         let mut parsed = Vec::with_capacity(batch.len());
@@ -73,22 +111,22 @@ impl OrderConsumer {
         let batch_span =
             tracing::info_span!("order.batch", service = "order-service", size = batch.len());
         for delivery in batch {
-            let span = delivery_span(&delivery);
-            if let Some(trace) = trace_of(&delivery) {
+            let span = delivery_span(delivery);
+            if let Some(trace) = trace_of(delivery) {
                 seckill_telemetry::link(&batch_span, &trace);
             }
             // Checked before the body is read at all: an unsigned or forged message is
             // nobody's purchase, and no retry can make it one.
-            if let Err(e) = self.signer.verify(&delivery.data, signature_of(&delivery)) {
+            if let Err(e) = self.signer.verify(&delivery.data, signature_of(delivery)) {
                 span.in_scope(|| {
                     tracing::error!(error = %e, reason = e.code(), "order message refused, dead-lettering");
                 });
-                self.dead_letter(out, &delivery, e.code(), &e.to_string())
+                self.dead_letter(out, delivery, e.code(), &e.to_string())
                     .instrument(span)
                     .await;
                 continue;
             }
-            if signature_of(&delivery).is_none() {
+            if signature_of(delivery).is_none() {
                 // Let through by `accept_unsigned` (an upgrade under way).
                 metrics::counter!("orders_unsigned_accepted_total").increment(1);
             }
@@ -101,7 +139,7 @@ impl OrderConsumer {
                     span.in_scope(|| {
                         tracing::error!(error = %e, "unparseable order message, dead-lettering");
                     });
-                    self.dead_letter(out, &delivery, "unparseable", &e.to_string())
+                    self.dead_letter(out, delivery, "unparseable", &e.to_string())
                         .instrument(span)
                         .await;
                 }

@@ -29,7 +29,7 @@ impl OrderConsumer {
     pub(super) async fn finish_written(
         &self,
         out: &Out,
-        delivery: Delivery,
+        delivery: &Delivery,
         msg: OrderMessage,
         outcome: Recorded,
     ) {
@@ -89,7 +89,7 @@ impl OrderConsumer {
                 // The order is committed: a retry (counted, through the tiers) finds it and
                 // writes the result again; past the last one the order stands and the
                 // message is acked, its buyer's result left to the next write.
-                self.retry_later(out, &delivery, &e.to_string(), Exhausted::OrderStands)
+                self.retry_later(out, delivery, &e.to_string(), Exhausted::OrderStands)
                     .await;
                 return;
             }
@@ -99,7 +99,7 @@ impl OrderConsumer {
         seckill_http::failpoint!("consume::after_result", ());
         match (settle, result) {
             (Settle::DeadLetter, PurchaseResult::Failed { reason }) => {
-                self.dead_letter(out, &delivery, &reason, "rejected by the database")
+                self.dead_letter(out, delivery, &reason, "rejected by the database")
                     .await;
             }
             // Acked with the run of finished deliveries it belongs to.

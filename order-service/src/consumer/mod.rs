@@ -26,7 +26,8 @@
 //! imports run one way: `consume` → `delivery` → `headers`, `batch` → `delivery`):
 //! - `consume` — the loop: connect under a [`seckill_messaging::Supervisor`], pause and
 //!   resume with the breaker, gather deliveries into batches.
-//! - `batch` — handling one batch: parse, write in one transaction, write buyers' results.
+//! - `batch` — handling one batch: parse, write in one transaction, write buyers' results;
+//!   after a panic (a bug), finish what the database holds and dead-letter the rest.
 //! - `delivery` — what becomes of each delivery: ack, retry, dead letter or requeue, with
 //!   retries and dead letters published through a confirmed publisher before the ack.
 //! - `headers` — what a delivery's headers say (attempt, delivery count, request ids).

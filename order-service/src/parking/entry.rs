@@ -7,7 +7,7 @@ use lapin::types::AMQPValue;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
-use seckill_messaging::{HEADER_ATTEMPT, OrderMessage};
+use seckill_messaging::{HEADER_ATTEMPT, OrderMessage, OrderSigner};
 
 /// Where an entry stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -85,7 +85,8 @@ pub struct Arrival {
     /// Its order signature as published (kept for a redrive, which order-service cannot
     /// sign: a redriven message is accepted only if seckill-api signed it).
     pub signature: Option<String>,
-    /// Why it was given up.
+    /// Why it was given up: the reason its headers give, or a refusal for its signature
+    /// (`unsigned`, `bad_signature`) when that does not verify, whatever they say.
     pub error_code: String,
     /// The last error.
     pub last_error: String,
@@ -99,7 +100,14 @@ impl Arrival {
     /// Reads what the dead-letter path attached: the event id from the body (or the AMQP
     /// message id, or a digest of the body), the reason from our headers, or from the
     /// broker's `x-death` when the message was rejected without them.
-    pub fn from_message(body: &[u8], properties: &BasicProperties) -> Self {
+    ///
+    /// The reason is taken at its word only from a message whose signature `signer` (the
+    /// consumer's, with its previous key and its `accept_unsigned`) accepts: anyone who can
+    /// publish to the dead-letter exchange can write any headers, and a forgery parked
+    /// under a reason such as `rejected` would pass for a purchase holding a unit. Any other
+    /// message is parked as refused for its signature, as the consumer would have refused
+    /// it; the reason it claimed is kept in its last error.
+    pub fn from_message(body: &[u8], properties: &BasicProperties, signer: &OrderSigner) -> Self {
         let headers = properties.headers().clone().unwrap_or_default();
         let text = |name: &str| -> Option<String> {
             headers.inner().get(name).and_then(|v| match v {
@@ -127,16 +135,27 @@ impl Arrival {
             (None, Some(id)) if !id.as_str().is_empty() => id.to_string(),
             (None, _) => format!("sha256:{:x}", sha2::Sha256::digest(body)),
         };
+        let signature = text(seckill_messaging::HEADER_SIGNATURE);
+        let claimed_code =
+            text(seckill_messaging::HEADER_ERROR_CODE).unwrap_or_else(|| "rejected".to_string());
+        let claimed_error = text(seckill_messaging::HEADER_ERROR_MESSAGE)
+            .unwrap_or_else(|| "rejected without a reason (see x-death)".to_string());
+        let (error_code, last_error) = match signer.verify(body, signature.as_deref()) {
+            Ok(()) => (claimed_code, claimed_error),
+            Err(refused) if refused.code() == claimed_code => (claimed_code, claimed_error),
+            Err(refused) => (
+                refused.code().to_string(),
+                format!("{refused} (it claimed {claimed_code}: {claimed_error})"),
+            ),
+        };
         Self {
             event_id,
             user_id: parsed.as_ref().map(|m| m.user_id),
             product_id: parsed.as_ref().map(|m| m.product_id),
             body: body.to_vec(),
-            signature: text(seckill_messaging::HEADER_SIGNATURE),
-            error_code: text(seckill_messaging::HEADER_ERROR_CODE)
-                .unwrap_or_else(|| "rejected".to_string()),
-            last_error: text(seckill_messaging::HEADER_ERROR_MESSAGE)
-                .unwrap_or_else(|| "rejected without a reason (see x-death)".to_string()),
+            signature,
+            error_code,
+            last_error,
             attempts,
             traceparent: text(seckill_messaging::HEADER_TRACEPARENT)
                 .filter(|t| seckill_telemetry::TraceParent::parse_str(t).is_some()),
@@ -169,30 +188,109 @@ pub struct AuditEntry {
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_arrival_takes_its_id_from_the_body_or_a_digest() {
-        let msg = OrderMessage {
+    /// The service's signer in these tests.
+    fn signer() -> OrderSigner {
+        OrderSigner::new("the-key")
+    }
+
+    /// Properties of a dead letter with `error_code` and `signature` (if any) as headers.
+    fn dead_letter(error_code: &str, signature: Option<String>) -> BasicProperties {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            seckill_messaging::HEADER_ERROR_CODE.into(),
+            AMQPValue::LongString(error_code.into()),
+        );
+        headers.insert(
+            seckill_messaging::HEADER_ERROR_MESSAGE.into(),
+            AMQPValue::LongString("no stock left".into()),
+        );
+        if let Some(signature) = signature {
+            headers.insert(
+                seckill_messaging::HEADER_SIGNATURE.into(),
+                AMQPValue::LongString(signature.into()),
+            );
+        }
+        BasicProperties::default().with_headers(headers)
+    }
+
+    fn purchase() -> OrderMessage {
+        OrderMessage {
             request_id: uuid::Uuid::now_v7(),
             user_id: 7,
             product_id: 9,
             price_cents: 100,
             created_at: Utc::now(),
             bucket: None,
-        };
+        }
+    }
+
+    #[test]
+    fn an_arrival_takes_its_id_from_the_body_or_a_digest() {
+        let msg = purchase();
         let body = serde_json::to_vec(&msg).unwrap();
-        let arrival = Arrival::from_message(&body, &BasicProperties::default());
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            seckill_messaging::HEADER_SIGNATURE.into(),
+            AMQPValue::LongString(signer().sign(&body).into()),
+        );
+        let signed = BasicProperties::default().with_headers(headers);
+        let arrival = Arrival::from_message(&body, &signed, &signer());
         assert_eq!(arrival.event_id, msg.request_id.to_string());
         assert_eq!((arrival.user_id, arrival.product_id), (Some(7), Some(9)));
         assert_eq!(arrival.error_code, "rejected");
         assert_eq!(arrival.attempts, 1);
 
-        let garbage = Arrival::from_message(b"not json", &BasicProperties::default());
-        let again = Arrival::from_message(b"not json", &BasicProperties::default());
+        let unsigned = BasicProperties::default();
+        let garbage = Arrival::from_message(b"not json", &unsigned, &signer());
+        let again = Arrival::from_message(b"not json", &unsigned, &signer());
         assert!(garbage.event_id.starts_with("sha256:"));
         assert_eq!(
             garbage.event_id, again.event_id,
             "the same body, the same entry"
         );
         assert_eq!(garbage.user_id, None);
+    }
+
+    #[test]
+    fn a_dead_letter_is_taken_at_its_word_only_when_its_signature_verifies() {
+        let msg = purchase();
+        let body = serde_json::to_vec(&msg).unwrap();
+        let genuine = Arrival::from_message(
+            &body,
+            &dead_letter("out_of_stock", Some(signer().sign(&body))),
+            &signer(),
+        );
+        assert_eq!(genuine.error_code, "out_of_stock");
+        assert_eq!(genuine.last_error, "no stock left");
+
+        let forged = OrderSigner::new("another-key").sign(&body);
+        let badly_signed =
+            Arrival::from_message(&body, &dead_letter("out_of_stock", Some(forged)), &signer());
+        assert_eq!(badly_signed.error_code, "bad_signature");
+        assert!(
+            badly_signed
+                .last_error
+                .contains("claimed out_of_stock: no stock left"),
+            "{}",
+            badly_signed.last_error
+        );
+        let unsigned = Arrival::from_message(&body, &dead_letter("rejected", None), &signer());
+        assert_eq!(unsigned.error_code, "unsigned");
+        assert_eq!(unsigned.event_id, msg.request_id.to_string());
+    }
+
+    #[test]
+    fn an_unsigned_dead_letter_is_genuine_while_unsigned_ones_are_accepted() {
+        let body = serde_json::to_vec(&purchase()).unwrap();
+        let upgrading = signer().accepting_unsigned(true);
+        let unsigned = Arrival::from_message(&body, &dead_letter("rejected", None), &upgrading);
+        assert_eq!(unsigned.error_code, "rejected");
+        let forged = OrderSigner::new("another-key").sign(&body);
+        let badly_signed =
+            Arrival::from_message(&body, &dead_letter("rejected", Some(forged)), &upgrading);
+        assert_eq!(
+            badly_signed.error_code, "bad_signature",
+            "a wrong one never is"
+        );
     }
 }

@@ -10,6 +10,8 @@
 //! ```
 //! An entry parked for its signature (`unsigned`, `bad_signature`) goes through the same
 //! states but holds nothing: ignored, it is only marked so, and redriven, it is refused again.
+//! Whether a dead letter is one is checked on arrival, never read from its headers: anyone
+//! who can publish to the dead-letter exchange can claim any reason (`entry::Arrival`).
 //! Under one request id the genuine dead letter wins: it takes over a forgery's entry, and a
 //! forgery never changes its entry (`store::record`).
 //! A redrive flips the entry to `redriven` and publishes its body back to the orders exchange

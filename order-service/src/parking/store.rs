@@ -17,7 +17,9 @@ const SIGNATURE_REFUSALS: [&str; 2] = SignatureError::CODES;
 ///
 /// What an entry says is the genuine purchase's (one not refused for its signature, signed
 /// or accepted unsigned during an upgrade): anyone who can publish can park a forgery under
-/// any request id, before or after the purchase's own dead letter. A genuine copy takes over
+/// any request id, before or after the purchase's own dead letter, and claiming any reason —
+/// which is why the recorder checks the signature itself and gives a dead letter that fails
+/// a refusal's reason, whatever its headers say ([`Arrival::from_message`]). A genuine copy takes over
 /// an entry a forgery holds entirely — buyer, product, body, signature, trace, reason, and a
 /// fresh status, since an ignore or a redrive of the forgery never concerned the purchase.
 /// A forgery never changes an entry that is not one (see [`refused_copy`]).

@@ -14,10 +14,15 @@ use crate::parking::{
     compensations_done, create_product_with_id, ids, redis_view, report, sold_in_redis,
 };
 
+/// A signature of `msg` made with a key that is not the service's.
+fn wrong_signature(msg: &OrderMessage) -> String {
+    OrderSigner::new("not-the-key").sign(&serde_json::to_vec(msg).expect("json"))
+}
+
 /// Publishes `msg` signed with a key that is not the service's.
 async fn publish_forged(app: &TestApp, msg: &OrderMessage) {
-    let wrong = OrderSigner::new("not-the-key").sign(&serde_json::to_vec(msg).expect("json"));
-    app.publish_signed_as(msg, Some(&wrong)).await;
+    app.publish_signed_as(msg, Some(&wrong_signature(msg)))
+        .await;
 }
 
 async fn ledger_version(app: &TestApp, product: i64) -> i64 {
@@ -324,5 +329,121 @@ async fn an_unsigned_purchase_redriven_after_the_upgrade_stays_the_purchases_ent
             body(&purchase)
         )
     );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_forgery_published_to_the_dead_letter_exchange_is_one_whatever_reason_it_claims() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        s.compensation_poll = Duration::from_millis(50);
+    })
+    .await;
+    // The last unit, sold in Redis to user 1, whose purchase is still on its way.
+    let product = app.product(1).await;
+    let genuine = app.message(product, 1);
+    let request_id = genuine.request_id.to_string();
+    sold_in_redis(&app, product, &[(1, request_id.clone())]).await;
+    let version = ledger_version(&app, product).await;
+    // Dead letters order-service never gave up, published straight to the dead-letter
+    // exchange with reasons of purchases that hold a unit: user 5's unsigned, user 6's
+    // signed with another key.
+    let unsigned = app.message(product, 5);
+    app.publish_dead_letter(&unsigned, None, "retries_exhausted")
+        .await;
+    let badly_signed = app.message(product, 6);
+    app.publish_dead_letter(
+        &badly_signed,
+        Some(&wrong_signature(&badly_signed)),
+        "rejected",
+    )
+    .await;
+    let mut parked: Vec<(String, String)> = app
+        .wait_parked(2)
+        .await
+        .into_iter()
+        .map(|p| (p.0, p.1))
+        .collect();
+    parked.sort();
+    let mut expected = vec![
+        (unsigned.request_id.to_string(), "unsigned".to_string()),
+        (
+            badly_signed.request_id.to_string(),
+            "bad_signature".to_string(),
+        ),
+    ];
+    expected.sort();
+    assert_eq!(parked, expected, "parked as forgeries, whatever they claim");
+
+    // Ignored: marked, and nothing else.
+    let forged: Vec<String> = expected.into_iter().map(|e| e.0).collect();
+    let ignored = report(&app, "ignore", json!({ "ids": forged })).await;
+    assert_eq!(ids(&ignored), forged);
+    assert_eq!(ignored["compensated"], 0, "a forgery holds no unit");
+    compensations_done(&app).await;
+    let compensations: i64 = sqlx::query_scalar("SELECT count(*) FROM compensations")
+        .fetch_one(&app.db)
+        .await
+        .expect("compensations");
+    assert_eq!(compensations, 0);
+    let orders = orders_of(&app, product).await;
+    assert!(orders.is_empty(), "no order in anyone's name: {orders:?}");
+    assert_eq!(ledger_version(&app, product).await, version);
+    let (remaining, marker, result, flag) = redis_view(&app, product, 5).await;
+    assert_eq!(remaining, 0, "no phantom unit on sale");
+    assert_eq!((marker, result), (None, None), "user 5 bought nothing");
+    assert_eq!(flag.as_deref(), Some("1"), "still sold out");
+    assert_eq!(redis_view(&app, product, 6).await.2, None, "nor did user 6");
+
+    // The genuine purchase lands.
+    app.publish(&genuine).await;
+    app.stop_when_drained().await;
+    assert_eq!(orders_of(&app, product).await, [(1, "created".to_string())]);
+    assert_eq!(app.stock_remaining(product).await, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_forgery_published_to_the_dead_letter_exchange_never_changes_a_genuine_entry() {
+    let mut app = spawn_app_with(TestNamespace::new(), |_| {}).await;
+    // User 1's purchase of a product the database does not know yet: parked.
+    let product = app.product(5).await;
+    let missing = 777_304;
+    let genuine = app.message(missing, 1);
+    let id = genuine.request_id.to_string();
+    app.publish(&genuine).await;
+    let parked = wait_for_reason(&app, &id, "unknown_product").await;
+
+    // Under its request id, a forger claims user 2's purchase of the product on sale ran out
+    // of retries (signed with another key), then that it was rejected (unsigned).
+    let mut copy = genuine.clone();
+    copy.user_id = 2;
+    copy.product_id = product;
+    let forgeries = [
+        (Some(wrong_signature(&copy)), "retries_exhausted"),
+        (None, "rejected"),
+    ];
+    for (signature, claimed) in forgeries {
+        let before = last_attempt(&app, &id).await;
+        app.publish_dead_letter(&copy, signature.as_deref(), claimed)
+            .await;
+        let wait = Duration::from_secs(20);
+        eventually("the forgery recorded", wait, || async {
+            (last_attempt(&app, &id).await > before).then_some(())
+        })
+        .await;
+        assert_eq!(
+            entry(&app, &id).await.as_ref(),
+            Some(&parked),
+            "a forgery claiming {claimed} changed the purchase's entry"
+        );
+    }
+
+    // Once the product exists, a redrive makes it user 1's order; user 2 bought nothing.
+    create_product_with_id(&app, missing, 5).await;
+    let redriven = report(&app, "redrive", json!({ "product_id": missing })).await;
+    assert_eq!(ids(&redriven), [id]);
+    app.stop_when_drained().await;
+    assert_eq!(orders_of(&app, missing).await, [(1, "created".to_string())]);
+    assert!(orders_of(&app, product).await.is_empty());
     app.shutdown().await;
 }

@@ -9,7 +9,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm
 use tokio_util::sync::CancellationToken;
 
 use order_service::{Application, Settings};
-use seckill_messaging::{HEADER_SIGNATURE, OrderMessage, OrderSigner};
+use seckill_messaging::{
+    HEADER_ERROR_CODE, HEADER_ERROR_MESSAGE, HEADER_SIGNATURE, OrderMessage, OrderSigner,
+};
 use seckill_testkit::{SendAs, TestNamespace};
 
 pub struct TestApp {
@@ -117,18 +119,31 @@ impl TestApp {
         message_id: &str,
         signature: Option<&str>,
     ) -> PublisherConfirm {
-        let mut headers = FieldTable::default();
-        if let Some(signature) = signature {
-            headers.insert(
-                HEADER_SIGNATURE.into(),
-                AMQPValue::LongString(signature.into()),
-            );
-        }
         let topology = self.ns.topology();
+        let headers = signed(FieldTable::default(), signature);
+        self.send_to(
+            &topology.exchange,
+            &topology.routing_key,
+            body,
+            message_id,
+            headers,
+        )
+        .await
+    }
+
+    /// Sends raw bytes to `exchange` with `headers` (persistent, mandatory).
+    async fn send_to(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        message_id: &str,
+        headers: FieldTable,
+    ) -> PublisherConfirm {
         self.channel
             .basic_publish(
-                topology.exchange.as_str().into(),
-                topology.routing_key.as_str().into(),
+                exchange.into(),
+                routing_key.into(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..BasicPublishOptions::default()
@@ -154,6 +169,31 @@ impl TestApp {
         let body = serde_json::to_vec(msg).expect("serialize");
         let message_id = msg.request_id.to_string();
         routed(self.send_with(&body, &message_id, signature).await).await;
+    }
+
+    /// Publishes `msg` straight to the dead-letter exchange with `signature` (or none) and
+    /// the reason `error_code`, as anyone who reaches the broker could: a dead letter that
+    /// order-service never gave up, claiming whatever reason its publisher chose.
+    pub async fn publish_dead_letter(
+        &self,
+        msg: &OrderMessage,
+        signature: Option<&str>,
+        error_code: &str,
+    ) {
+        let body = serde_json::to_vec(msg).expect("serialize");
+        let mut headers = FieldTable::default();
+        headers.insert(
+            HEADER_ERROR_CODE.into(),
+            AMQPValue::LongString(error_code.into()),
+        );
+        headers.insert(
+            HEADER_ERROR_MESSAGE.into(),
+            AMQPValue::LongString(format!("claimed: {error_code}").into()),
+        );
+        let headers = signed(headers, signature);
+        let dlx = self.ns.topology().dead_letter_exchange;
+        let message_id = msg.request_id.to_string();
+        routed(self.send_to(&dlx, "", &body, &message_id, headers).await).await;
     }
 
     /// Publishes every message with all confirms in flight at once (a storm, not a trickle).
@@ -301,6 +341,17 @@ impl TestApp {
         self.db.close().await;
         self.ns.cleanup().await;
     }
+}
+
+/// `headers` with `signature` as the order signature header (none if `None`).
+fn signed(mut headers: FieldTable, signature: Option<&str>) -> FieldTable {
+    if let Some(signature) = signature {
+        headers.insert(
+            HEADER_SIGNATURE.into(),
+            AMQPValue::LongString(signature.into()),
+        );
+    }
+    headers
 }
 
 /// Waits for `confirm` and asserts the broker took the message and routed it to a queue.
