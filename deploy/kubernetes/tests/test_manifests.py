@@ -487,6 +487,50 @@ class SecretsTest(unittest.TestCase):
             self.assertEqual(named(objects, "ConfigMap", name)["data"].get("SECKILL_ALLOW_DEV_SECRETS"), "true")
 
 
+def settings_fields(path, struct):
+    """The variable-name suffixes of a Rust settings struct: its field names, or the
+    `#[serde(rename = "…")]` given to one."""
+    source = read(*path)
+    body = re.search(r"pub struct " + struct + r" \{(.*?)\n\}", source, re.S)
+    assert body, f"{'/'.join(path)}: no struct {struct}"
+    fields, rename = set(), None
+    for line in body.group(1).splitlines():
+        line = line.strip()
+        renamed = re.search(r'rename = "(\w+)"', line)
+        if renamed:
+            rename = renamed.group(1)
+        field = re.match(r"pub (\w+):", line)
+        if field:
+            fields.add((rename or field.group(1)).upper())
+            rename = None
+    return fields
+
+
+class SettingsTest(unittest.TestCase):
+    def test_every_variable_set_is_a_setting_of_the_services_reading_it(self):
+        backend = settings_fields(("crates", "config", "src", "lib.rs"), "BackendSettings")
+        known = {
+            "gateway": ("GATEWAY", settings_fields(("gateway", "src", "config.rs"), "Settings")),
+            "seckill-api": ("API", backend | settings_fields(("seckill-api", "src", "config.rs"), "Settings")),
+            "order-service": ("ORDER", backend | settings_fields(("order-service", "src", "config.rs"), "Settings")),
+        }
+        for overlay in OVERLAYS:
+            objects = rendered(overlay)
+            for service, (prefix, fields) in known.items():
+                c = container(named(objects, "Deployment", service))
+                variables = [e["name"] for e in c.get("env", [])]
+                for source in c.get("envFrom", []):
+                    cm = named(objects, "ConfigMap", source["configMapRef"]["name"])
+                    variables += list(cm["data"])
+                for variable in variables:
+                    with self.subTest(overlay=overlay, service=service, variable=variable):
+                        self.assertTrue(variable.startswith("SECKILL_"), variable)
+                        name = variable[len("SECKILL_"):]
+                        if name.startswith(prefix + "_") and name[len(prefix) + 1:] in fields:
+                            continue
+                        self.assertTrue(name in fields, f"{overlay}: {service} has no setting {variable}")
+
+
 class ProbesTest(unittest.TestCase):
     def test_readiness_probes_ask_what_the_compose_healthchecks_ask(self):
         for overlay in OVERLAYS:
