@@ -39,6 +39,15 @@ done
 
 say "checking the rendered manifests (deploy/kubernetes/tests)"
 cd "$ROOT"
-python3 -m unittest discover -s deploy/kubernetes/tests -t deploy/kubernetes/tests "$@" ||
-    die "the Kubernetes manifests failed their checks"
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+status=0
+python3 -m unittest discover -s deploy/kubernetes/tests -t deploy/kubernetes/tests "$@" 2>&1 |
+    tee "$report" || status=$?
+# One total line, as scripts/test.sh adds them up: `kubernetes: N passed, N failed`.
+ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in .*/\1/p' "$report" | tail -n 1)
+failed=$({ grep -oE '(failures|errors)=[0-9]+' "$report" || true; } | awk -F= '{ n += $2 } END { print n + 0 }')
+((status == 0)) || ((failed > 0)) || failed=1
+echo "kubernetes: $((${ran:-0} - failed < 0 ? 0 : ${ran:-0} - failed)) passed, $failed failed"
+((status == 0)) || die "the Kubernetes manifests failed their checks"
 say "Kubernetes manifests: both overlays render and pass their checks"

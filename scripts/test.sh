@@ -9,7 +9,9 @@
 # `scripts/test.sh -E 'test(purchase)'`, `scripts/test.sh --no-capture`);
 # SECKILL_TEST_REDIS_MODES="single" (or "cluster") runs one pass only. A cluster the run
 # started is stopped at its end; one that was already up and healthy is left as it was.
-# Then, for the whole suite (no arguments), the fault matrix's fast scenarios
+# First, for the whole suite (no arguments), the Kubernetes manifests rendered and checked
+# offline (scripts/check-kubernetes.sh; SECKILL_TEST_KUBERNETES=0 skips it, =1 runs it with
+# arguments too). Then, likewise, the fault matrix's fast scenarios
 # (`scripts/chaos.sh --fast` on the binaries the tests built; its own stores, a few minutes);
 # SECKILL_TEST_CHAOS=0 skips it, =1 runs it with arguments too.
 # Last, likewise, the HTTP/1.1 parsers and the HS256 token check fuzzed for
@@ -78,6 +80,19 @@ done
 if ((${#features[@]} > 0)); then
   scope+=(--features "$(IFS=,; echo "${features[*]}")")
 fi
+# The Kubernetes manifests, rendered and checked offline (a few seconds), for the whole
+# suite; SECKILL_TEST_KUBERNETES=0 skips it, =1 runs it with arguments too.
+kubernetes=${SECKILL_TEST_KUBERNETES:-$((($# == 0) ? 1 : 0))}
+if [ "$kubernetes" = 1 ]; then
+  say "the Kubernetes manifests: scripts/check-kubernetes.sh"
+  kubernetes_status=0
+  "$SCRIPTS/check-kubernetes.sh" 2>&1 | tee -a "$log" || kubernetes_status=$?
+  if ((kubernetes_status != 0)); then
+    status=$kubernetes_status
+    grep -Eq '^kubernetes: [0-9]+ passed, [0-9]+ failed$' "$log" ||
+      echo "kubernetes: 0 passed, 1 failed" | tee -a "$log"
+  fi
+fi
 for mode in $modes; do
   case "$mode" in
     single)
@@ -135,7 +150,7 @@ totals=$(awk '
     next
   }
   /^test result:/ { passed += $4; failed += $6 }
-  /^(chaos|fuzz): [0-9]+ passed, [0-9]+ failed$/ { passed += $2; failed += $4 }
+  /^(chaos|fuzz|kubernetes): [0-9]+ passed, [0-9]+ failed$/ { passed += $2; failed += $4 }
   END { printf "%d passed, %d failed", passed, failed }' "$log")
 # The slowest tests of the run, from nextest's JUnit reports: where the time goes.
 slowest=$(python3 "$SCRIPTS/slowest-tests.py" 15 "$log".*.xml 2>/dev/null || true)
@@ -154,7 +169,7 @@ failures=$(awk '
   /^ *(FAIL|TIMEOUT|SIGSEGV|SIGABRT|SIGKILL|ABORT|LEAK-FAIL) \[/ {
     sub(/^ +/, ""); print $0 (pass == "" ? "" : "  (" pass ")"); next
   }
-  /^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
+  /^(FAIL|ERROR): test|^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
 ' "$log" | awk '!seen[$0]++' | head -n 60 || true)
 if ((status != 0)) && [ -n "$failures" ]; then
   echo "failures:"
