@@ -128,7 +128,9 @@ pub use marker::{Holding, Reservation, names};
 pub use sale::{HomeAnswer, Purchase};
 pub use sweep::{ReservationEnd, TakeAnswer};
 
-/// `purchase.lua`'s text, for benchmarks that run the script by hand (`EVALSHA`).
-pub const PURCHASE_LUA: &str = include_str!("purchase.lua");
-/// `take.lua`'s text, for tests that drive a sweep's steps one by one.
-pub const TAKE_LUA: &str = include_str!("take.lua");
+/// `purchase.lua`'s text (after `outbox.lua`'s `append_outbox`, which it calls), for
+/// benchmarks that run the script by hand (`EVALSHA`).
+pub const PURCHASE_LUA: &str = concat!(include_str!("outbox.lua"), include_str!("purchase.lua"));
+/// `take.lua`'s text (after `outbox.lua`'s `append_outbox`, which it calls), for tests that
+/// drive a sweep's steps one by one.
+pub const TAKE_LUA: &str = concat!(include_str!("outbox.lua"), include_str!("take.lua"));

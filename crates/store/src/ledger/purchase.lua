@@ -43,16 +43,7 @@ if tonumber(stock[1]) <= 0 then
 end
 redis.call('HINCRBY', KEYS[1], 'remaining', -1)
 redis.call('HSET', KEYS[2], ARGV[1], 'h:' .. ARGV[2])
-local fields = {'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4]}
-if ARGV[6] and ARGV[6] ~= '' then
-  table.insert(fields, 'traceparent')
-  table.insert(fields, ARGV[6])
-  if ARGV[7] and ARGV[7] ~= '' then
-    table.insert(fields, 'tracestate')
-    table.insert(fields, ARGV[7])
-  end
-end
-local entry = redis.call('XADD', KEYS[3], '*', unpack(fields))
+local entry = append_outbox(KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7])
 redis.call('HSET', KEYS[4], ARGV[1], 'queued:' .. ARGV[2])
 -- Markers and results outlive the sale by a while (expire_at), then free the memory.
 for _, key in ipairs({KEYS[2], KEYS[4]}) do

@@ -30,14 +30,5 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[5] .. ':' .. ARGV[2])
 if redis.call('PTTL', KEYS[2]) == -1 then
   redis.call('PEXPIREAT', KEYS[2], stock[3])
 end
-local fields = {'request_id', ARGV[2], 'payload', ARGV[3], 'http_request_id', ARGV[4]}
-if ARGV[7] and ARGV[7] ~= '' then
-  table.insert(fields, 'traceparent')
-  table.insert(fields, ARGV[7])
-  if ARGV[8] and ARGV[8] ~= '' then
-    table.insert(fields, 'tracestate')
-    table.insert(fields, ARGV[8])
-  end
-end
-local entry = redis.call('XADD', KEYS[3], '*', unpack(fields))
+local entry = append_outbox(KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[7], ARGV[8])
 return {1, entry}
