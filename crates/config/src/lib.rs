@@ -71,9 +71,10 @@ where
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BackendSettings {
-    /// Interface to bind.
+    /// Interface to bind: loopback by default, as only the gateway is meant to reach a
+    /// backend.
     pub host: String,
-    /// Postgres, including the database name (created if missing).
+    /// Postgres, including the database name (created if missing; migrations run at start).
     pub database_url: Secret,
     /// Redis: one server's URL, or with `redis_cluster` a comma-separated list of the
     /// cluster's seed nodes.
@@ -84,21 +85,28 @@ pub struct BackendSettings {
     pub amqp_url: Secret,
     /// The type of the order queues (main, retry tiers, dead letters): `quorum`, replicated
     /// and fsynced, as RabbitMQ recommends for data that must not be lost; `classic` for
-    /// queues declared by older versions (a queue's type cannot change once declared).
+    /// queues declared by older versions. Quorum queues dead-letter at least once and the main
+    /// one has a delivery limit of 20. A queue's type cannot change in place: an existing
+    /// namespace keeps `classic`, or has its classic queues drained and deleted first
+    /// (docs/DESIGN.md §5).
     pub amqp_queue_type: AmqpQueueType,
     /// Prefix of every Redis key and AMQP name: isolates tests and tenants.
     pub namespace: String,
-    /// Key of the gateway's identity signature (shared with the gateway).
+    /// Key of the gateway's identity signature (shared with the gateway, which refuses one
+    /// shorter than 16 bytes).
     pub internal_key: Secret,
     /// How far from now a gateway identity credential's time may be, either way
-    /// (`identity_window_ms`, at most 5000): its whole life, and the clock skew allowed.
+    /// (`identity_window_ms`, at most 5000): its whole life, and the clock skew allowed. A
+    /// credential is also accepted only once (docs/DESIGN.md §2).
     #[serde(rename = "identity_window_ms", with = "formats::millis")]
     pub identity_window: Duration,
     /// Key of the order messages' signature: seckill-api signs with it, order-service
-    /// accepts only what it signed (shared by both backends).
+    /// accepts only what it signed (shared by both backends); a message it did not sign is
+    /// dead-lettered (`unsigned`, `bad_signature`).
     pub order_signing_key: Secret,
     /// The order signing key being rotated out: still accepted by order-service, never
-    /// used to sign; empty when no rotation is under way.
+    /// used to sign; empty when no rotation is under way. Set it on order-service, roll the
+    /// new key out to seckill-api, clear it once the queues have drained.
     pub order_signing_key_previous: Secret,
     /// How long start-up waits for Postgres/RabbitMQ before giving up
     /// (`startup_patience_secs`).
