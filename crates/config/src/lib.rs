@@ -11,12 +11,19 @@
 //!
 //! A secret left on its public development value stops a service's binary unless
 //! `SECKILL_ALLOW_DEV_SECRETS=true` ([`dev_secrets`]).
+//!
+//! A `SECKILL_*` variable that no setting reads (a typo, a renamed setting) stops the
+//! service too, naming the closest known variable ([`variables`]). `docs/configuration.md`
+//! lists every setting; it and [`known`] are generated from the settings types.
 
 pub mod dev_secrets;
 pub mod formats;
+pub mod known;
+pub mod variables;
 
 pub use dev_secrets::{ALLOW_DEV_SECRETS_VARIABLE, SecretCheck, refuse_public_secrets};
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
@@ -38,6 +45,10 @@ pub enum ConfigError {
     /// (checked by [`refuse_public_secrets`]).
     #[error("{0}")]
     PublicSecret(String),
+    /// `SECKILL_*` variables that no setting of the service reads (checked by
+    /// [`variables::unknown_variables`]), one per line.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    UnknownVariables(Vec<variables::UnknownVariable>),
 }
 
 /// Rules a service checks on its settings once they are loaded.
@@ -46,11 +57,24 @@ pub trait Validate {
     fn validate(&self) -> Result<(), String>;
 }
 
-/// Loads `T` for the service whose own variables start with `SECKILL_<service_prefix>_`.
+/// Loads `T` for the service whose own variables start with `SECKILL_<service_prefix>_`,
+/// refusing any `SECKILL_*` variable it would not read ([`variables`]).
 pub fn load<T>(service_prefix: &str) -> Result<T, ConfigError>
 where
     T: Serialize + DeserializeOwned + Default + Validate,
 {
+    let names: Vec<String> = std::env::vars_os()
+        .map(|(name, _)| name.to_string_lossy().into_owned())
+        .collect();
+    let unknown = variables::unknown_variables(
+        names.iter().map(String::as_str),
+        service_prefix,
+        &settings_keys::<T>()?,
+        &variables::all_keys(),
+    );
+    if !unknown.is_empty() {
+        return Err(ConfigError::UnknownVariables(unknown));
+    }
     let mut figment = Figment::from(Serialized::defaults(T::default()));
     if let Ok(path) = std::env::var("SECKILL_CONFIG") {
         figment = figment.merge(Toml::file_exact(path));
@@ -63,6 +87,15 @@ where
         .map_err(Box::new)?;
     settings.validate().map_err(ConfigError::Rule)?;
     Ok(settings)
+}
+
+/// The keys of `T`'s settings, as its defaults serialize them (flattened groups included):
+/// the names its variables may take after `SECKILL_` or the service's own prefix.
+pub fn settings_keys<T: Serialize + Default>() -> Result<BTreeSet<String>, ConfigError> {
+    let defaults: figment::value::Dict = Figment::from(Serialized::defaults(T::default()))
+        .extract()
+        .map_err(Box::new)?;
+    Ok(defaults.into_keys().collect())
 }
 
 /// What seckill-api and order-service both read: where the stores are, the namespace, the
@@ -315,6 +348,21 @@ mod tests {
             "defaults survive"
         );
         assert_eq!(settings.port, 9);
+    }
+
+    #[test]
+    fn settings_keys_include_flattened_renamed_and_unset_settings() {
+        #[derive(Default, Serialize)]
+        struct WithOptional {
+            #[serde(flatten)]
+            backend: BackendSettings,
+            own_key: Option<Secret>,
+        }
+        let keys = settings_keys::<WithOptional>().expect("keys");
+        for key in ["own_key", "namespace", "identity_window_ms"] {
+            assert!(keys.contains(key), "{key} in {keys:?}");
+        }
+        assert!(!keys.contains("backend") && !keys.contains("identity_window"));
     }
 
     #[test]

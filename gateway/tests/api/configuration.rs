@@ -1,16 +1,19 @@
-//! The configuration reference: `docs/configuration.md` is what the settings types say —
-//! the names and defaults from the types themselves, each description from its field's doc
+//! The configuration reference: `docs/configuration.md` and the loader's list of every
+//! service's settings (`crates/config/src/known.rs`) are what the settings types say — the
+//! names and defaults from the types themselves, each description from its field's doc
 //! comment, read from the source. A setting without a doc comment fails here; so does a
 //! committed file the code no longer describes, with the difference and the command that
-//! regenerates it.
+//! regenerates both. The variables the scripts and `docker-compose.yml` set must be ones the
+//! loader accepts: a service they start would otherwise refuse to run.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use seckill_config::variables::{self, PREFIX};
 use serde::Serialize;
 use serde_json::Value;
 
-/// How to bring `docs/configuration.md` back in step with the code.
+/// How to bring both files back in step with the code.
 const REGENERATE: &str =
     "SECKILL_UPDATE_CONFIGURATION=1 cargo test -p gateway --test api configuration";
 
@@ -34,6 +37,13 @@ struct Group {
     /// Whether the type flattens the shared group into itself (listed there, not here).
     flattens_shared: bool,
 }
+
+/// The services as `seckill_config::load` is called in their binaries: name, own prefix.
+const SERVICES: [(&str, &str); 3] = [
+    ("gateway", "gateway"),
+    ("seckill-api", "api"),
+    ("order-service", "order"),
+];
 
 fn defaults<T: Serialize + Default>() -> serde_json::Map<String, Value> {
     match serde_json::to_value(T::default()).expect("settings serialize") {
@@ -82,6 +92,16 @@ fn groups() -> Vec<Group> {
             defaults: defaults::<order_service::Settings>(),
             flattens_shared: true,
         },
+    ]
+}
+
+/// Every service's settings keys, as the loader sees them, by own prefix.
+fn service_keys() -> Vec<(&'static str, BTreeSet<String>)> {
+    let keys = |map: serde_json::Map<String, Value>| map.into_iter().map(|(k, _)| k).collect();
+    vec![
+        ("gateway", keys(defaults::<gateway::Settings>())),
+        ("api", keys(defaults::<seckill_api::Settings>())),
+        ("order", keys(defaults::<order_service::Settings>())),
     ]
 }
 
@@ -251,15 +271,9 @@ fn reference() -> String {
             let own: Vec<String> = group
                 .prefixes
                 .iter()
-                .map(|p| {
-                    format!(
-                        "SECKILL_{}_{}",
-                        p.to_ascii_uppercase(),
-                        field.key.to_ascii_uppercase()
-                    )
-                })
+                .map(|p| variables::variable(&variables::service_prefix(p), &field.key))
                 .collect();
-            let shared = format!("SECKILL_{}", field.key.to_ascii_uppercase());
+            let shared = variables::variable(PREFIX, &field.key);
             // The shared form first where the group is shared, the service's own otherwise.
             if group.prefixes.len() > 1 {
                 names.push(shared);
@@ -281,6 +295,32 @@ fn reference() -> String {
             ));
         }
     }
+    out
+}
+
+/// `crates/config/src/known.rs`: every service's keys, for the loader's check.
+fn known() -> String {
+    let mut out = String::from(
+        "//! Every service's settings keys: what may follow `SECKILL_` or a service's own prefix\n\
+         //! (see [`crate::variables`]).\n\
+         //!\n\
+         //! Generated from the settings types with `docs/configuration.md`; do not edit by hand:\n",
+    );
+    out.push_str(&format!("//! `{REGENERATE}`.\n\n"));
+    out.push_str(
+        "/// Each service's own prefix (`SECKILL_<PREFIX>_…`, as its binary calls `load`) and\n\
+         /// its settings keys, sorted.\n\
+         #[rustfmt::skip]\n\
+         pub const SETTINGS: &[(&str, &[&str])] = &[\n",
+    );
+    for (prefix, keys) in service_keys() {
+        out.push_str(&format!("    (\"{prefix}\", &[\n"));
+        for key in keys {
+            out.push_str(&format!("        \"{key}\",\n"));
+        }
+        out.push_str("    ]),\n");
+    }
+    out.push_str("];\n");
     out
 }
 
@@ -349,5 +389,92 @@ fn the_configuration_reference_is_the_one_the_settings_types_describe() {
     check_or_write(
         &path,
         &format!("{header}{GENERATED_BELOW}\n{}", reference()),
+    );
+}
+
+#[test]
+fn the_loaders_list_of_settings_is_the_one_the_settings_types_describe() {
+    check_or_write(&repo().join("crates/config/src/known.rs"), &known());
+}
+
+#[test]
+fn the_loaders_prefixes_are_the_ones_the_binaries_load_with() {
+    for (service, prefix) in SERVICES {
+        let main = format!("{service}/src/main.rs");
+        let text = std::fs::read_to_string(repo().join(&main)).expect("read main.rs");
+        assert!(
+            text.contains(&format!("seckill_config::load(\"{prefix}\")")),
+            "{main} loads its settings with the prefix {prefix:?}"
+        );
+    }
+    let prefixes: Vec<&str> = seckill_config::known::SETTINGS
+        .iter()
+        .map(|(p, _)| *p)
+        .collect();
+    let expected: Vec<&str> = SERVICES.iter().map(|(_, p)| *p).collect();
+    assert_eq!(prefixes, expected);
+}
+
+/// Every `SECKILL_*` name in the files that set variables for services: the scripts that
+/// start them, the compose file, the chaos scenarios.
+fn names_set_by_the_repository() -> BTreeSet<(String, String)> {
+    let mut files: Vec<PathBuf> = ["docker-compose.yml", "Dockerfile"]
+        .iter()
+        .map(|f| repo().join(f))
+        .collect();
+    for dir in ["scripts", "loadtest/src/chaos"] {
+        for entry in std::fs::read_dir(repo().join(dir)).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_file() {
+                files.push(path);
+            }
+        }
+    }
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(PREFIX) {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            // `SECKILL_GATEWAY_…` in prose is a family, not a variable.
+            if !name.ends_with('_') {
+                let shown = file.strip_prefix(repo()).unwrap_or(&file).display();
+                names.insert((name.to_string(), shown.to_string()));
+            }
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+#[test]
+fn every_variable_the_scripts_and_compose_set_is_one_every_service_accepts() {
+    let names = names_set_by_the_repository();
+    assert!(
+        names.iter().any(|(n, _)| n == "SECKILL_ORDER_SIGNING_KEY"),
+        "the scan found the compose file's variables"
+    );
+    let all = variables::all_keys();
+    let mut refused = Vec::new();
+    for (prefix, own) in service_keys() {
+        for unknown in
+            variables::unknown_variables(names.iter().map(|(n, _)| n.as_str()), prefix, &own, &all)
+        {
+            let files: Vec<&str> = names
+                .iter()
+                .filter(|(n, _)| *n == unknown.name)
+                .map(|(_, f)| f.as_str())
+                .collect();
+            refused.push(format!("{prefix}: {unknown} (in {})", files.join(", ")));
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "variables a service would refuse at start:\n{}",
+        refused.join("\n")
     );
 }
