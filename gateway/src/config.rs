@@ -57,18 +57,22 @@ pub struct Settings {
     pub jwt_public_key_pem: String,
     /// RS256/EdDSA: a file holding that PEM, when not given inline.
     pub jwt_public_key_file: String,
-    /// Accepted `iss` values (`jwt_issuer`, comma-separated); empty: not checked.
+    /// Accepted `iss` values (`jwt_issuer`, comma-separated); when set, the claim is required;
+    /// empty: not checked. `seckill-token`, `scripts/token.sh` and the load tester read the
+    /// same variable and put the first value in the tokens they mint.
     #[serde(rename = "jwt_issuer", with = "seckill_config::formats::list")]
     pub jwt_issuers: Vec<String>,
-    /// Accepted `aud` values (`jwt_audience`, comma-separated); empty: not checked.
+    /// Accepted `aud` values (`jwt_audience`, comma-separated); when set, the claim is
+    /// required; empty: not checked. The token tools read it as they read `jwt_issuer`.
     #[serde(rename = "jwt_audience", with = "seckill_config::formats::list")]
     pub jwt_audiences: Vec<String>,
-    /// Clock skew tolerated on `exp`/`nbf`/`iat`, seconds.
+    /// Clock skew tolerated on `exp`/`nbf`/`iat`, seconds (at most 3600).
     pub jwt_leeway_secs: u64,
     /// Verified tokens remembered per worker thread until they expire, so a client's next
     /// request skips the signature check; 0: every request is verified in full.
     pub jwt_cache_entries: usize,
-    /// Key of the identity signature the gateway adds for backends.
+    /// Key of the identity signature the gateway adds for backends (at least 16 bytes; the
+    /// backends' `internal_key`).
     pub internal_key: Secret,
     /// seckill-api replicas, comma-separated base URLs; requests go round-robin.
     #[serde(with = "seckill_config::formats::list")]
@@ -104,14 +108,16 @@ pub struct Settings {
     /// How often each upstream host name is resolved again (`upstream_resolve_interval_ms`;
     /// also soon after a connect failure): every address is a replica of its own, and a
     /// new one gets traffic at most this long after it appears in DNS. 0: names are not
-    /// re-resolved, only looked up by the system resolver when a connection is opened.
+    /// re-resolved, only looked up by the system resolver when a connection is opened. An
+    /// address that left is taken out and its connections closed; a failed or empty lookup
+    /// keeps the last known addresses; IP-literal URLs are never resolved.
     #[serde(
         rename = "upstream_resolve_interval_ms",
         with = "seckill_config::formats::millis"
     )]
     pub upstream_resolve_interval: Duration,
-    /// A DNS server (`ip:port`) asked for the upstream names' A records; empty: the system
-    /// resolver (`/etc/hosts`, Docker's embedded DNS, IPv4 and IPv6).
+    /// A DNS server (`ip:port`) asked over UDP for the upstream names' A records; empty: the
+    /// system resolver (`/etc/hosts`, Docker's embedded DNS, IPv4 and IPv6).
     pub dns_server: String,
     /// Requests in flight at once; beyond it the gateway sheds load with a fast 503.
     pub max_in_flight: usize,
@@ -152,11 +158,13 @@ pub struct Settings {
     /// Every other proxied route: burst; 0: off.
     pub rate_default_burst: u32,
     /// Proxies whose `X-Forwarded-For` is believed, comma-separated IPs/CIDRs; empty: none.
+    /// The rightmost entry not from a trusted proxy is the client.
     pub trusted_proxies: String,
-    /// Where rate-limit buckets live: `memory` (per replica) or `redis` (shared by replicas).
+    /// Where rate-limit buckets live: `memory` (each replica limits alone) or `redis` (one
+    /// quota across replicas, in the Redis of `rate_limit_redis_url`, under `namespace`).
     pub rate_limit_backend: RateLimitBackend,
-    /// With `redis`: how long a request waits for its check before it is let through
-    /// (`rate_limit_redis_timeout_ms`).
+    /// With `redis`: how long a request waits for its check (`rate_limit_redis_timeout_ms`);
+    /// one that takes longer is decided by `rate_limit_redis_failure`.
     #[serde(
         rename = "rate_limit_redis_timeout_ms",
         with = "seckill_config::formats::millis"
@@ -185,13 +193,15 @@ pub struct Settings {
         with = "seckill_config::formats::millis"
     )]
     pub client_first_byte_timeout: Duration,
-    /// Purchases one verified user may have in flight at once; the next gets 429.
+    /// Purchases one verified user may have in flight at once; the next gets 429
+    /// `too_many_purchases`.
     pub max_purchases_per_user: usize,
     /// How long the gateway answers a sold-out product's purchases `410` itself after a
     /// replica said so (`sold_out_ttl_ms`; see `crate::sold_out`): at most the replicas'
     /// own `sold_out_local_ttl_ms` (at most 500: `seckill_config::MAX_SOLD_OUT_MEMORY`),
     /// and forgotten at once when units go back on sale (announced on Redis pub/sub at
-    /// `redis_url`). 0: every purchase is forwarded.
+    /// `redis_url`). Purchases with an `Idempotency-Key` always go to a replica. 0: every
+    /// purchase is forwarded.
     #[serde(rename = "sold_out_ttl_ms", with = "seckill_config::formats::millis")]
     pub sold_out_ttl: Duration,
     /// Development only: run even though a secret is its public default
@@ -203,13 +213,17 @@ pub struct Settings {
     /// Port of the operator listener; 0 picks a free one (tests).
     pub admin_port: u16,
     /// Key of the identity signed for seckill-api
-    /// (`SECKILL_GATEWAY_SECKILL_API_INTERNAL_KEY`); unset: `internal_key`.
+    /// (`SECKILL_GATEWAY_SECKILL_API_INTERNAL_KEY`); unset: `internal_key`. The backend
+    /// then gets the same key as `SECKILL_API_INTERNAL_KEY`.
     pub seckill_api_internal_key: Option<Secret>,
     /// Key of the identity signed for order-service
-    /// (`SECKILL_GATEWAY_ORDER_SERVICE_INTERNAL_KEY`); unset: `internal_key`.
+    /// (`SECKILL_GATEWAY_ORDER_SERVICE_INTERNAL_KEY`); unset: `internal_key`. The backend
+    /// then gets the same key as `SECKILL_ORDER_INTERNAL_KEY`.
     pub order_service_internal_key: Option<Secret>,
     /// Requests per second per client address whose bearer token this gateway has not yet
-    /// verified, charged before the signature check (`rate_unverified_per_sec`); 0: off.
+    /// verified, charged before the signature check (`rate_unverified_per_sec`; 429 beyond);
+    /// 0: off. A verified token is remembered per worker thread and not charged again, but a
+    /// load test minting thousands of fresh tokens from one address may need more.
     pub rate_unverified_per_sec: u32,
     /// Burst of `rate_unverified_per_sec`; 0: off.
     pub rate_unverified_burst: u32,
@@ -218,8 +232,9 @@ pub struct Settings {
     pub rate_limit_ipv6_prefix: u8,
     /// Redis of the `redis` rate-limit backend; unset: `redis_url`.
     pub rate_limit_redis_url: Option<Secret>,
-    /// With `redis`: what a request gets when Redis cannot answer — `open` (let through,
-    /// unmetered) or `closed` (503).
+    /// With `redis`: what a request gets when Redis cannot answer in time — `open` (let
+    /// through, unmetered) or `closed` (503 with `Retry-After: 1`; not 429: the client is
+    /// not over its quota).
     pub rate_limit_redis_failure: RateLimitFailure,
 }
 

@@ -68,26 +68,33 @@ pub struct Settings {
     pub publish_channels: usize,
     /// RabbitMQ's management API (`http://user:password@host:port`), which tells when every
     /// purchase in flight has landed after Redis lost a product's ledger; empty: port 15672
-    /// on the AMQP URL's host, with its credentials.
+    /// on the AMQP URL's host, with its credentials. Sales of such a product answer
+    /// `503 ledger_rebuilding` until then; without the API they stay paused.
     pub amqp_management_url: String,
-    /// Refuse to start when Redis could lose an acknowledged write (no AOF, or a
-    /// `maxmemory-policy` that evicts); otherwise such a Redis is only warned about.
+    /// Refuse to start when Redis could lose an acknowledged write: `appendonly no`, or a
+    /// `maxmemory-policy` other than `noeviction` (read with `CONFIG GET` on the server, or on
+    /// every seed node of a cluster; a Redis that refuses `CONFIG` is refused too). Off, such
+    /// a Redis is logged loudly and counted (`seckill_redis_lossy_settings`). `appendfsync`
+    /// other than `always` is only warned about (an OS crash loses the unsynced second).
     pub require_durable_redis: bool,
     /// Replicas that must hold an accepted purchase's Redis write before it is answered
-    /// (`WAIT`); 0: none asked for. The purchase stands either way: a short count is logged
-    /// and counted (`seckill_redis_wait_short_total`).
+    /// (`WAIT`, on the connection that wrote it; on a Cluster, the master of its slot); 0:
+    /// none asked for. It narrows what a failover to a lagging replica can lose of the ledger
+    /// and of a `202` that rests on the outbox. The purchase stands either way: a short count
+    /// is logged and counted (`seckill_redis_wait_short_total`).
     pub redis_wait_replicas: u32,
     /// Whether the Redis server's own append-only file must have the write fsynced first
     /// (`WAITAOF 1 <replicas>`, Redis 7.2 or later).
     pub redis_wait_aof: bool,
     /// Longest such a wait (1-1000): the connection it runs on carries nothing else
-    /// meanwhile.
+    /// meanwhile, so a lagging replica slows purchases by up to this much.
     #[serde(
         rename = "redis_wait_timeout_ms",
         with = "seckill_config::formats::millis"
     )]
     pub redis_wait_timeout: Duration,
-    /// Buckets a new product's stock is split into unless its creation names a count.
+    /// Buckets a new product's stock is split into unless its creation names a count (fixed
+    /// per product, 1-1024).
     pub stock_buckets: i16,
     /// How long after its reservation a sweep may still take a unit from another bucket.
     #[serde(rename = "sweep_fence_ms", with = "seckill_config::formats::millis")]
@@ -101,7 +108,8 @@ pub struct Settings {
     pub sweep_skew_margin: Duration,
     /// How long this replica answers 410 from memory after seeing a product sold out. A
     /// unit put back (cancellation) is on sale again everywhere after at most this long
-    /// (at most 500: `seckill_config::MAX_SOLD_OUT_MEMORY`).
+    /// (at most 500: `seckill_config::MAX_SOLD_OUT_MEMORY`); forgotten at once when units
+    /// go back on sale, as announced on the pub/sub of `redis_url`.
     #[serde(
         rename = "sold_out_local_ttl_ms",
         with = "seckill_config::formats::millis"

@@ -11,12 +11,19 @@
 //!
 //! A secret left on its public development value stops a service's binary unless
 //! `SECKILL_ALLOW_DEV_SECRETS=true` ([`dev_secrets`]).
+//!
+//! A `SECKILL_*` variable that no setting reads (a typo, a renamed setting) stops the
+//! service too, naming the closest known variable ([`variables`]). `docs/configuration.md`
+//! lists every setting; it and [`known`] are generated from the settings types.
 
 pub mod dev_secrets;
 pub mod formats;
+pub mod known;
+pub mod variables;
 
 pub use dev_secrets::{ALLOW_DEV_SECRETS_VARIABLE, SecretCheck, refuse_public_secrets};
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
@@ -38,6 +45,10 @@ pub enum ConfigError {
     /// (checked by [`refuse_public_secrets`]).
     #[error("{0}")]
     PublicSecret(String),
+    /// `SECKILL_*` variables that no setting of the service reads (checked by
+    /// [`variables::unknown_variables`]), one per line.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    UnknownVariables(Vec<variables::UnknownVariable>),
 }
 
 /// Rules a service checks on its settings once they are loaded.
@@ -46,11 +57,24 @@ pub trait Validate {
     fn validate(&self) -> Result<(), String>;
 }
 
-/// Loads `T` for the service whose own variables start with `SECKILL_<service_prefix>_`.
+/// Loads `T` for the service whose own variables start with `SECKILL_<service_prefix>_`,
+/// refusing any `SECKILL_*` variable it would not read ([`variables`]).
 pub fn load<T>(service_prefix: &str) -> Result<T, ConfigError>
 where
     T: Serialize + DeserializeOwned + Default + Validate,
 {
+    let names: Vec<String> = std::env::vars_os()
+        .map(|(name, _)| name.to_string_lossy().into_owned())
+        .collect();
+    let unknown = variables::unknown_variables(
+        names.iter().map(String::as_str),
+        service_prefix,
+        &settings_keys::<T>()?,
+        &variables::all_keys(),
+    );
+    if !unknown.is_empty() {
+        return Err(ConfigError::UnknownVariables(unknown));
+    }
     let mut figment = Figment::from(Serialized::defaults(T::default()));
     if let Ok(path) = std::env::var("SECKILL_CONFIG") {
         figment = figment.merge(Toml::file_exact(path));
@@ -65,15 +89,25 @@ where
     Ok(settings)
 }
 
+/// The keys of `T`'s settings, as its defaults serialize them (flattened groups included):
+/// the names its variables may take after `SECKILL_` or the service's own prefix.
+pub fn settings_keys<T: Serialize + Default>() -> Result<BTreeSet<String>, ConfigError> {
+    let defaults: figment::value::Dict = Figment::from(Serialized::defaults(T::default()))
+        .extract()
+        .map_err(Box::new)?;
+    Ok(defaults.into_keys().collect())
+}
+
 /// What seckill-api and order-service both read: where the stores are, the namespace, the
 /// gateway's identity key, logging. Each service flattens it into its own `Settings`
 /// (`#[serde(flatten)]`), so the variable names stay flat: `SECKILL_DATABASE_URL`, ….
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BackendSettings {
-    /// Interface to bind.
+    /// Interface to bind: loopback by default, as only the gateway is meant to reach a
+    /// backend.
     pub host: String,
-    /// Postgres, including the database name (created if missing).
+    /// Postgres, including the database name (created if missing; migrations run at start).
     pub database_url: Secret,
     /// Redis: one server's URL, or with `redis_cluster` a comma-separated list of the
     /// cluster's seed nodes.
@@ -84,21 +118,28 @@ pub struct BackendSettings {
     pub amqp_url: Secret,
     /// The type of the order queues (main, retry tiers, dead letters): `quorum`, replicated
     /// and fsynced, as RabbitMQ recommends for data that must not be lost; `classic` for
-    /// queues declared by older versions (a queue's type cannot change once declared).
+    /// queues declared by older versions. Quorum queues dead-letter at least once and the main
+    /// one has a delivery limit of 20. A queue's type cannot change in place: an existing
+    /// namespace keeps `classic`, or has its classic queues drained and deleted first
+    /// (docs/DESIGN.md §5).
     pub amqp_queue_type: AmqpQueueType,
     /// Prefix of every Redis key and AMQP name: isolates tests and tenants.
     pub namespace: String,
-    /// Key of the gateway's identity signature (shared with the gateway).
+    /// Key of the gateway's identity signature (shared with the gateway, which refuses one
+    /// shorter than 16 bytes).
     pub internal_key: Secret,
     /// How far from now a gateway identity credential's time may be, either way
-    /// (`identity_window_ms`, at most 5000): its whole life, and the clock skew allowed.
+    /// (`identity_window_ms`, at most 5000): its whole life, and the clock skew allowed. A
+    /// credential is also accepted only once (docs/DESIGN.md §2).
     #[serde(rename = "identity_window_ms", with = "formats::millis")]
     pub identity_window: Duration,
     /// Key of the order messages' signature: seckill-api signs with it, order-service
-    /// accepts only what it signed (shared by both backends).
+    /// accepts only what it signed (shared by both backends); a message it did not sign is
+    /// dead-lettered (`unsigned`, `bad_signature`).
     pub order_signing_key: Secret,
     /// The order signing key being rotated out: still accepted by order-service, never
-    /// used to sign; empty when no rotation is under way.
+    /// used to sign; empty when no rotation is under way. Set it on order-service, roll the
+    /// new key out to seckill-api, clear it once the queues have drained.
     pub order_signing_key_previous: Secret,
     /// How long start-up waits for Postgres/RabbitMQ before giving up
     /// (`startup_patience_secs`).
@@ -307,6 +348,21 @@ mod tests {
             "defaults survive"
         );
         assert_eq!(settings.port, 9);
+    }
+
+    #[test]
+    fn settings_keys_include_flattened_renamed_and_unset_settings() {
+        #[derive(Default, Serialize)]
+        struct WithOptional {
+            #[serde(flatten)]
+            backend: BackendSettings,
+            own_key: Option<Secret>,
+        }
+        let keys = settings_keys::<WithOptional>().expect("keys");
+        for key in ["own_key", "namespace", "identity_window_ms"] {
+            assert!(keys.contains(key), "{key} in {keys:?}");
+        }
+        assert!(!keys.contains("backend") && !keys.contains("identity_window"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `docker-compose.yml` checked against the services' real settings and the rules that make
-//! `docker compose up --scale` work. The configuration loader ignores variables it does not
-//! know, so a typo or a renamed field would otherwise pass silently and run on a default.
+//! `docker compose up --scale` work. The configuration loader refuses a `SECKILL_*` variable
+//! no service reads, but lets through one that another service reads; a variable here must
+//! name a setting of the very service it is set on, or it runs on a default.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -6,6 +6,7 @@
 
 mod compose;
 mod compose_exposure;
+mod configuration;
 mod differential;
 mod e2e;
 mod echo;

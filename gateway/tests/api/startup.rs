@@ -1,5 +1,6 @@
 //! The gateway binary as an operator starts it: a secret left on its public development
-//! value stops it, naming the variable, unless the development switch is set.
+//! value stops it, naming the variable, unless the development switch is set; a misspelt
+//! variable stops it, naming the setting it was probably meant for.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -58,4 +59,23 @@ async fn the_development_switch_lets_the_gateway_start_on_public_secrets() {
         .expect("start the gateway");
     wait_healthy(&mut child, SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await;
     child.kill().await.expect("stop the gateway");
+}
+
+#[tokio::test]
+async fn a_misspelt_variable_stops_the_gateway_naming_the_closest_setting() {
+    let mut command = gateway(free_port());
+    command
+        // Nothing else stops it: the secrets are allowed, every other variable is known.
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
+        .env("SECKILL_GATEWAY_RATE_PURCHASE_BRUST", "5");
+    let output = run_to_exit(&mut command, Duration::from_secs(30)).await;
+    assert!(!output.status.success(), "started with a misspelt variable");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "unknown setting SECKILL_GATEWAY_RATE_PURCHASE_BRUST; \
+             did you mean SECKILL_GATEWAY_RATE_PURCHASE_BURST?"
+        ),
+        "{stderr}"
+    );
 }

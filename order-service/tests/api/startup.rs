@@ -1,6 +1,7 @@
 //! The order-service binary as an operator starts it: the public identity key stops it unless
 //! the development switch is set, and by default it listens on loopback only (the gateway is
-//! the public face; a backend believes any caller holding the identity key).
+//! the public face; a backend believes any caller holding the identity key); a misspelt
+//! variable stops it, naming the setting it was probably meant for.
 
 use seckill_testkit::process::{
     assert_backend_listens_on_loopback_only, assert_each_public_secret_stops_backend,
@@ -17,6 +18,27 @@ async fn each_public_secret_stops_order_service_naming_the_variable() {
 #[tokio::test]
 async fn with_the_switch_order_service_starts_and_listens_on_loopback_only() {
     assert_backend_listens_on_loopback_only(BINARY, PORT_VARIABLE).await;
+}
+
+#[tokio::test]
+async fn a_misspelt_variable_stops_order_service_naming_the_closest_setting() {
+    let mut command = seckill_testkit::process::service_command(BINARY);
+    command
+        .env(PORT_VARIABLE, seckill_testkit::free_port().to_string())
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
+        .env("SECKILL_ORDER_BATCH_LINGR_MS", "50");
+    let output =
+        seckill_testkit::process::run_to_exit(&mut command, std::time::Duration::from_secs(30))
+            .await;
+    assert!(!output.status.success(), "started with a misspelt variable");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "unknown setting SECKILL_ORDER_BATCH_LINGR_MS; \
+             did you mean SECKILL_ORDER_BATCH_LINGER_MS?"
+        ),
+        "{stderr}"
+    );
 }
 
 /// A first start on a broker that has never seen the namespace is quiet: the queue watch
