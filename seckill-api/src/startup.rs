@@ -21,11 +21,11 @@ use crate::Settings;
 use crate::bloom::{BloomSizing, ProductBloom};
 use crate::catalog::Catalog;
 use crate::catalog_sync::CatalogSync;
+use crate::http::AppState;
 use crate::idempotency::Idempotency;
 use crate::null_cache::NullCache;
 use crate::publisher::OrderPublisher;
 use crate::relay::{OutboxAge, Relay, RelayHints};
-use crate::state::AppState;
 use crate::stock::fence::Fence;
 use crate::stock::{StockEngine, Timings};
 
@@ -193,7 +193,7 @@ impl Application {
             ));
         }
         let router = seckill_http::layers::instrument(
-            crate::routes::router(state).merge(ops::router("seckill-api", probes)),
+            crate::http::router(state).merge(ops::router("seckill-api", probes)),
             "seckill-api",
         );
 

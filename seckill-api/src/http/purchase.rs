@@ -14,12 +14,12 @@ use seckill_messaging::{OrderMessage, TraceHeaders};
 use seckill_store::PurchaseResult;
 use tracing::Instrument as _;
 
+use super::AppState;
 use crate::error::{ApiError, SoldOutFlag};
 #[cfg(feature = "failpoints")]
 use crate::failpoints::redis_lost;
 use crate::idempotency::{Claim, Idempotency, Ticket};
 use crate::relay;
-use crate::state::AppState;
 use crate::stock::{Decision, Holding, Intent, PurchaseRequest};
 
 /// The client's idempotency key header.
