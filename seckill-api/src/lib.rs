@@ -19,7 +19,7 @@
 //!   scripts): the purchase, sweeps, abandoned reservations, lazy loading under a lock.
 //! - [`publisher`] — the handlers' confirmed publishing of accepted purchases.
 //! - [`relay`] — the outbox → RabbitMQ relay (the safety net behind the handlers).
-//! - [`metric_names`] — the purchase and outbox metrics' names and help; the relay's
+//! - [`metrics`] — the purchase and outbox metrics' names and help; the relay's
 //!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
 //! - [`http`] — the HTTP API: the router, the state its handlers share, the handlers;
@@ -36,7 +36,7 @@ pub mod error;
 mod failpoints;
 pub mod http;
 pub mod idempotency;
-pub mod metric_names;
+pub mod metrics;
 pub mod null_cache;
 pub mod publisher;
 pub mod relay;

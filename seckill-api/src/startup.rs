@@ -59,7 +59,7 @@ impl Reopened {
     async fn run(self, cancel: CancellationToken) {
         use seckill_store::reopened::Event;
         let (flags, floors) = (self.flags, self.floors);
-        let following = metrics::gauge!(crate::metric_names::SOLD_OUT_FOLLOWING);
+        let following = metrics::gauge!(crate::metrics::SOLD_OUT_FOLLOWING);
         // Taken one at a time, in the order heard: a floor is raised before its flag drops.
         let (events, mut heard) = tokio::sync::mpsc::unbounded_channel();
         let follower = seckill_store::reopened::follow(self.urls, self.channel, cancel, move |e| {
@@ -223,7 +223,7 @@ impl Application {
             replica: relay.consumer.clone(),
             every: relay.scan_every,
         };
-        crate::metric_names::describe(&outbox_age.replica);
+        crate::metrics::describe(&outbox_age.replica);
         let reopened = Reopened {
             urls: seckill_store::reopened::urls(
                 settings.backend.redis_url.expose(),

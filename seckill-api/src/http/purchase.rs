@@ -225,7 +225,7 @@ async fn run(
         Err(ApiError::ProductNotFound) => "not_found",
         Err(_) => "error",
     };
-    metrics::counter!(crate::metric_names::PURCHASES, "outcome" => label).increment(1);
+    metrics::counter!(crate::metrics::PURCHASES, "outcome" => label).increment(1);
     outcome
 }
 
@@ -279,7 +279,7 @@ async fn deliver(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, %request_id, "publish failed; the relay takes over");
-                    metrics::counter!(crate::metric_names::OUTBOX_CONFIRM_FAILURES,
+                    metrics::counter!(crate::metrics::OUTBOX_CONFIRM_FAILURES,
                         "reason" => e.reason())
                     .increment(1);
                     "outbox"
@@ -291,7 +291,7 @@ async fn deliver(
     if durable_in == "outbox" {
         state.relay_hints.hint(stream);
     }
-    metrics::counter!(crate::metric_names::ACCEPTED, "durable_in" => durable_in).increment(1);
+    metrics::counter!(crate::metrics::ACCEPTED, "durable_in" => durable_in).increment(1);
 }
 
 async fn decide(
