@@ -164,3 +164,99 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The classification, on errors the real servers give: what a retry may cure is a
+    //! `503`, what it would meet again is a `500`.
+
+    use std::time::Duration;
+
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::*;
+
+    /// The local Postgres server's `postgres` database (nothing is created in it).
+    fn postgres_url(port: Option<u16>) -> String {
+        let server = std::env::var("SECKILL_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432".into());
+        match port {
+            Some(port) => format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres"),
+            None => format!("{server}/postgres"),
+        }
+    }
+
+    fn redis_url() -> String {
+        std::env::var("SECKILL_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    fn status(e: impl Into<ApiError>) -> StatusCode {
+        e.into().parts().0
+    }
+
+    #[tokio::test]
+    async fn a_query_postgres_rejects_is_an_internal_error() {
+        let db = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&postgres_url(None))
+            .await
+            .expect("connect to postgres");
+        let e = sqlx::query("SELEC 1")
+            .execute(&db)
+            .await
+            .expect_err("a syntax error");
+        assert_eq!(status(e), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_postgres_nobody_listens_on_is_unavailable() {
+        let port = seckill_testkit::free_port();
+        let e = PgPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&postgres_url(Some(port)))
+            .await
+            .expect_err("nothing listens there");
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn a_pool_with_no_connection_to_give_is_unavailable() {
+        let db = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(200))
+            .connect(&postgres_url(None))
+            .await
+            .expect("connect to postgres");
+        let _held = db.acquire().await.expect("the one connection");
+        let e = db.acquire().await.expect_err("no second connection");
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn an_error_reply_of_a_script_is_an_internal_error() {
+        let redis = seckill_store::Redis::new(&redis_url(), false, 1).expect("redis url");
+        let mut conn = redis.get().await.expect("connect to redis");
+        let e = redis::cmd("EVAL")
+            .arg("return redis.error_reply('ERR broken invariant')")
+            .arg(0)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect_err("the script's error");
+        assert_eq!(status(e), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_redis_nobody_listens_on_is_unavailable() {
+        let port = seckill_testkit::free_port();
+        let redis = seckill_store::Redis::new(&format!("redis://127.0.0.1:{port}"), false, 1)
+            .expect("redis url");
+        let e = match redis.get().await {
+            Err(e) => e,
+            Ok(mut conn) => redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .expect_err("nothing listens there"),
+        };
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}
