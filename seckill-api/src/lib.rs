@@ -22,6 +22,7 @@
 //! - [`metrics`] — the purchase and outbox metrics' names and help; the relay's
 //!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
+//! - [`sold_out`] — the products this replica remembers sold out, until units come back.
 //! - [`http`] — the HTTP API: the router, the state its handlers share, the handlers;
 //!   [`error`]: the one error type they return.
 //! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
@@ -40,6 +41,7 @@ pub mod metrics;
 pub mod null_cache;
 pub mod publisher;
 pub mod relay;
+pub mod sold_out;
 pub mod startup;
 pub mod stock;
 

@@ -14,7 +14,6 @@ mod reconcile;
 use std::sync::Arc;
 
 use axum::Router;
-use moka::future::Cache;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -25,6 +24,7 @@ use crate::catalog::Catalog;
 use crate::idempotency::Idempotency;
 use crate::publisher::OrderPublisher;
 use crate::relay::RelayHints;
+use crate::sold_out::SoldOutMemory;
 use crate::stock::StockEngine;
 
 /// Handles shared by all handlers.
@@ -41,14 +41,8 @@ pub struct AppState {
     /// Verifies the gateway's identity credentials (the routes' middleware holds it).
     pub identity: IdentityVerifier,
     /// Products this replica saw flagged sold out in Redis recently: answered 410 without
-    /// Redis or Lua. Forgotten when units go back on sale (announced
-    /// on the reopened channel, see `seckill_store::reopened`) and in any case after
-    /// `sold_out_local_ttl_ms`, should an announcement be missed.
-    pub sold_out: Cache<i64, ()>,
-    /// The generation each product was last announced reopened at (for a minute): a
-    /// sold-out decision of an older one predates the reopen and is neither remembered nor
-    /// told to the gateway.
-    pub reopened: Cache<i64, u64>,
+    /// Redis or Lua.
+    pub sold_out: SoldOutMemory,
     /// `Idempotency-Key` records.
     pub idempotency: Idempotency,
     /// Tells the outbox relay which stream an accepted purchase went to.
