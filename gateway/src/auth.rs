@@ -134,7 +134,7 @@ impl Authenticator {
             capacity,
             verified: ThreadLocal::new(),
             hasher: foldhash::fast::RandomState::default(),
-            verifications: metrics::counter!("gateway_token_verifications_total"),
+            verifications: metrics::counter!(crate::metrics::TOKEN_VERIFICATIONS),
         }
     }
 
@@ -242,7 +242,7 @@ fn bearer_token(value: &[u8]) -> Option<&str> {
 /// The 401 for a refused token: one message whatever went wrong; `reason` goes to the log
 /// and to `gateway_auth_failures_total{reason}`.
 pub fn unauthorized(reason: &'static str) -> Response {
-    metrics::counter!("gateway_auth_failures_total", "reason" => reason).increment(1);
+    metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => reason).increment(1);
     tracing::info!(reason, "request refused: no valid bearer token");
     let mut response = refusal::error(
         StatusCode::UNAUTHORIZED,
@@ -261,7 +261,7 @@ pub fn unauthorized(reason: &'static str) -> Response {
 
 /// The 403 for a non-admin on an admin route.
 pub fn forbidden() -> Response {
-    metrics::counter!("gateway_auth_failures_total", "reason" => "not_admin").increment(1);
+    metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => "not_admin").increment(1);
     let mut response = refusal::error(
         StatusCode::FORBIDDEN,
         "forbidden",

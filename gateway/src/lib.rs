@@ -23,6 +23,7 @@
 //! - [`auth`] — bearer token → verified identity, admin check.
 //! - [`client_ip`] — the client address, through trusted proxies only.
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
+//! - [`metrics`] — the names of the gateway's own metrics.
 //! - [`sold_out`] — a sold-out product's purchases answered here, until units come back.
 //! - [`proxy`] — route table, upstream selection and ejection, request forwarding, the
 //!   upstream connection pool.
@@ -34,6 +35,7 @@ pub mod config;
 pub mod fuzzing;
 pub mod http1;
 pub mod in_flight;
+pub mod metrics;
 pub mod openapi;
 pub mod ops;
 pub mod pipeline;

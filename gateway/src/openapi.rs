@@ -3,7 +3,7 @@
 //! file at `GET /openapi.json` ([`DOCUMENT`]).
 //!
 //! [`document`] builds it: the backends' descriptions (each handler's `#[utoipa::path]`,
-//! `seckill_api::routes::openapi` and `order_service::http::openapi`), the gateway's own
+//! `seckill_api::http::openapi` and `order_service::http::openapi`), the gateway's own
 //! routes ([`crate::ops`]), the bearer scheme, and on every forwarded operation the answers
 //! the gateway itself may give before or instead of the backend's ([`gateway_refusals`]).
 //! The gateway binary links neither backend: the contract test (`gateway/tests/api/

@@ -156,7 +156,7 @@ impl Handler for Pipeline {
                 "the request body came too slowly",
             ),
             None => {
-                metrics::counter!("gateway_timeouts_total").increment(1);
+                metrics::counter!(crate::metrics::TIMEOUTS).increment(1);
                 refusal::error(
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
@@ -186,7 +186,7 @@ impl Handler for Pipeline {
 
     /// Counts a connection closed because its client kept the gateway waiting.
     fn timed_out(&self, wait: Wait) {
-        metrics::counter!("gateway_connections_closed_total", "reason" => wait.label())
+        metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => wait.label())
             .increment(1);
     }
 }
@@ -279,7 +279,7 @@ impl Pipeline {
             match self.purchases.enter(caller.user_id) {
                 Some(purchase) => Some(purchase),
                 None => {
-                    metrics::counter!("gateway_purchases_refused_total").increment(1);
+                    metrics::counter!(crate::metrics::PURCHASES_REFUSED).increment(1);
                     return refusal::error(
                         StatusCode::TOO_MANY_REQUESTS,
                         "too_many_purchases",
@@ -291,7 +291,7 @@ impl Pipeline {
             None
         };
         let Some(_slot) = self.in_flight.enter() else {
-            metrics::counter!("gateway_shed_total").increment(1);
+            metrics::counter!(crate::metrics::SHED).increment(1);
             return refusal::unavailable("overloaded, retry shortly");
         };
         let response = proxy::forward(

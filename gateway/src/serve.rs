@@ -150,7 +150,7 @@ pub async fn serve(
             match caps.admit(peer.ip(), per_ip) {
                 Ok(_ticket) => serve_connection(stream, peer, &*pipeline, limits, &closing).await,
                 Err(reason) => {
-                    metrics::counter!("gateway_connections_refused_total", "reason" => reason.label())
+                    metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "reason" => reason.label())
                         .increment(1);
                     tracing::debug!(%peer, reason = reason.label(), "connection refused");
                     let response = refusal::unavailable("too many connections, retry shortly");

@@ -72,8 +72,8 @@ impl SoldOutEdge {
             known: RwLock::new(HashMap::new()),
             live: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
-            answered: metrics::counter!("gateway_sold_out_answers_total"),
-            following: metrics::gauge!("gateway_sold_out_following"),
+            answered: metrics::counter!(crate::metrics::SOLD_OUT_ANSWERS),
+            following: metrics::gauge!(crate::metrics::SOLD_OUT_FOLLOWING),
         }
     }
 

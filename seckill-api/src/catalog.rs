@@ -145,7 +145,8 @@ impl Catalog {
 
     /// The product: `None` from the bloom filter without any I/O when the id was never seen,
     /// else from Moka, the null cache or Postgres. Concurrent Moka misses share one load.
-    pub async fn get(&self, id: i64) -> Result<Option<Product>, sqlx::Error> {
+    /// A failed load's error is shared by every lookup that waited on it.
+    pub async fn get(&self, id: i64) -> Result<Option<Product>, Arc<sqlx::Error>> {
         if !self.bloom.might_contain(id) {
             metrics::counter!("seckill_bloom_checks_total", "result" => "miss").increment(1);
             return Ok(None);
@@ -157,11 +158,7 @@ impl Catalog {
         }
         metrics::counter!("seckill_product_cache_total", "result" => "miss").increment(1);
         let epoch = self.epoch.load(Ordering::Acquire);
-        let product = self
-            .cache
-            .try_get_with(id, self.load(id, epoch))
-            .await
-            .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        let product = self.cache.try_get_with(id, self.load(id, epoch)).await?;
         if self.epoch.load(Ordering::Acquire) != epoch {
             self.cache.invalidate(&id).await;
         }

@@ -1,4 +1,15 @@
 //! The one error type of seckill-api's handlers, mapped to the JSON error contract.
+//!
+//! A failed call to Postgres or Redis is sorted by what a retry would meet:
+//! - a dependency that cannot be reached right now — a connection refused, reset or timed
+//!   out, a pool with no connection to give, a Redis Cluster without a master for the slot, a
+//!   Redis still loading its data, a transaction that lost a race — is `503 unavailable`
+//!   with `Retry-After`: a retry may well succeed;
+//! - anything else — a query Postgres rejects, a row that does not decode, a script's error
+//!   reply — is a bug or a broken invariant, `500 internal`, which a retry would meet again.
+//!
+//! Either way the cause stays typed in the error (its `source`) and is logged once, with its
+//! chain, when the error is answered; the client sees only the code and a fixed message.
 
 use axum::http::StatusCode;
 use axum::http::header::RETRY_AFTER;
@@ -45,23 +56,108 @@ pub enum ApiError {
     /// landed and the ledger is rebuilt from Postgres (see `crate::stock::fence`).
     #[error("ledger being rebuilt: {0}")]
     LedgerRebuilding(String),
-    /// 503: a dependency is unavailable or a stock load is still in progress; retry soon.
+    /// 503: a stock load is still in progress, or a purchase could not be decided in time;
+    /// retry soon.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
-    /// 500: a bug or an unexpected dependency answer; logged, never shown.
+    /// 503: a dependency cannot be reached right now (see the module docs); retry soon.
+    #[error("{dependency} unavailable")]
+    DependencyDown {
+        /// `postgres` or `redis`.
+        dependency: &'static str,
+        /// What its client reported.
+        #[source]
+        source: anyhow::Error,
+    },
+    /// 500: a bug, a broken invariant or an unexpected dependency answer; logged, never
+    /// shown.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
 
+impl ApiError {
+    /// `cause`, a failure of `dependency`: [`Self::DependencyDown`] when it `cannot_reach`
+    /// it, else [`Self::Internal`].
+    fn of_dependency(
+        dependency: &'static str,
+        cannot_reach: bool,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        if cannot_reach {
+            Self::DependencyDown {
+                dependency,
+                source: anyhow::Error::new(cause),
+            }
+        } else {
+            Self::Internal(anyhow::Error::new(cause).context(dependency))
+        }
+    }
+}
+
+/// Whether `e` says Postgres cannot be reached right now, rather than that the query or its
+/// answer is wrong.
+fn postgres_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            let code = code.as_ref();
+            // Connection exceptions; insufficient resources (too many connections, disk
+            // full, out of memory); the server shutting down or starting; its I/O error.
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || code == "58030"
+                // A statement timeout; a lock not granted in time; a transaction that lost
+                // a race (serialization failure, deadlock); a standby after a failover.
+                || matches!(code, "57014" | "55P03" | "40001" | "40P01" | "25006")
+        }),
+        _ => false,
+    }
+}
+
+/// Whether `e` says Redis cannot be reached right now, rather than that the command, the
+/// script or its answer is wrong.
+fn redis_unreachable(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e.kind() {
+        // Refused, reset, timed out, dropped.
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
+        ErrorKind::Server(kind) => matches!(
+            kind,
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        ),
+        // A script running past its time limit; a Redis out of memory.
+        ErrorKind::Extension => matches!(e.code(), Some("BUSY" | "OOM")),
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        Self::Unavailable(format!("database: {e}"))
+        Self::of_dependency("postgres", postgres_unreachable(&e), e)
+    }
+}
+
+/// The catalog's cache hands every waiter of one load the same error.
+impl From<std::sync::Arc<sqlx::Error>> for ApiError {
+    fn from(e: std::sync::Arc<sqlx::Error>) -> Self {
+        Self::of_dependency("postgres", postgres_unreachable(&e), e)
     }
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
-        Self::Unavailable(format!("redis: {e}"))
+        Self::of_dependency("redis", redis_unreachable(&e), e)
     }
 }
 
@@ -112,7 +208,7 @@ impl ApiError {
                 "ledger_rebuilding",
                 "sales of this product are paused while its stock is recounted, retry shortly",
             ),
-            Self::Unavailable(_) => (
+            Self::Unavailable(_) | Self::DependencyDown { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 "temporarily unavailable, retry shortly",
@@ -130,7 +226,10 @@ impl ApiError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::LedgerRebuilding(_) | Self::Internal(_)
+            Self::Unavailable(_)
+                | Self::DependencyDown { .. }
+                | Self::LedgerRebuilding(_)
+                | Self::Internal(_)
         )
     }
 }
@@ -140,6 +239,9 @@ impl IntoResponse for ApiError {
         match &self {
             Self::Unavailable(cause) | Self::LedgerRebuilding(cause) => {
                 tracing::warn!(%cause, "answering 503")
+            }
+            Self::DependencyDown { dependency, source } => {
+                tracing::warn!(dependency, error = format!("{source:#}"), "answering 503")
             }
             Self::Internal(cause) => tracing::error!(error = ?cause, "internal error"),
             _ => {}
@@ -162,5 +264,101 @@ impl IntoResponse for ApiError {
                 .insert(RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The classification, on errors the real servers give: what a retry may cure is a
+    //! `503`, what it would meet again is a `500`.
+
+    use std::time::Duration;
+
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::*;
+
+    /// The local Postgres server's `postgres` database (nothing is created in it).
+    fn postgres_url(port: Option<u16>) -> String {
+        let server = std::env::var("SECKILL_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432".into());
+        match port {
+            Some(port) => format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres"),
+            None => format!("{server}/postgres"),
+        }
+    }
+
+    fn redis_url() -> String {
+        std::env::var("SECKILL_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    fn status(e: impl Into<ApiError>) -> StatusCode {
+        e.into().parts().0
+    }
+
+    #[tokio::test]
+    async fn a_query_postgres_rejects_is_an_internal_error() {
+        let db = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&postgres_url(None))
+            .await
+            .expect("connect to postgres");
+        let e = sqlx::query("SELEC 1")
+            .execute(&db)
+            .await
+            .expect_err("a syntax error");
+        assert_eq!(status(e), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_postgres_nobody_listens_on_is_unavailable() {
+        let port = seckill_testkit::free_port();
+        let e = PgPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&postgres_url(Some(port)))
+            .await
+            .expect_err("nothing listens there");
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn a_pool_with_no_connection_to_give_is_unavailable() {
+        let db = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(200))
+            .connect(&postgres_url(None))
+            .await
+            .expect("connect to postgres");
+        let _held = db.acquire().await.expect("the one connection");
+        let e = db.acquire().await.expect_err("no second connection");
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn an_error_reply_of_a_script_is_an_internal_error() {
+        let redis = seckill_store::Redis::new(&redis_url(), false, 1).expect("redis url");
+        let mut conn = redis.get().await.expect("connect to redis");
+        let e = redis::cmd("EVAL")
+            .arg("return redis.error_reply('ERR broken invariant')")
+            .arg(0)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect_err("the script's error");
+        assert_eq!(status(e), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_redis_nobody_listens_on_is_unavailable() {
+        let port = seckill_testkit::free_port();
+        let redis = seckill_store::Redis::new(&format!("redis://127.0.0.1:{port}"), false, 1)
+            .expect("redis url");
+        let e = match redis.get().await {
+            Err(e) => e,
+            Ok(mut conn) => redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .expect_err("nothing listens there"),
+        };
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

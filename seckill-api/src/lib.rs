@@ -19,10 +19,12 @@
 //!   scripts): the purchase, sweeps, abandoned reservations, lazy loading under a lock.
 //! - [`publisher`] — the handlers' confirmed publishing of accepted purchases.
 //! - [`relay`] — the outbox → RabbitMQ relay (the safety net behind the handlers).
-//! - [`metric_names`] — the purchase and outbox metrics' names and help; the relay's
+//! - [`metrics`] — the purchase and outbox metrics' names and help; the relay's
 //!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
-//! - [`routes`] — HTTP handlers; [`error`]: the one error type they return.
+//! - [`sold_out`] — the products this replica remembers sold out, until units come back.
+//! - [`http`] — the HTTP API: the router, the state its handlers share, the handlers;
+//!   [`error`]: the one error type they return.
 //! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
 //!   (`docs/failpoints.md`).
 
@@ -33,14 +35,14 @@ pub mod config;
 pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
+pub mod http;
 pub mod idempotency;
-pub mod metric_names;
+pub mod metrics;
 pub mod null_cache;
 pub mod publisher;
 pub mod relay;
-pub mod routes;
+pub mod sold_out;
 pub mod startup;
-pub mod state;
 pub mod stock;
 
 pub use config::Settings;

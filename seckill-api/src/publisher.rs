@@ -120,7 +120,7 @@ pub enum PublishError {
 impl PublishError {
     /// Its `reason` label on `outbox_confirm_failures_total`.
     pub fn reason(&self) -> &'static str {
-        use crate::metric_names::confirm_failure;
+        use crate::metrics::confirm_failure;
         match self {
             PublishError::NotConnected => confirm_failure::NOT_CONNECTED,
             PublishError::TimedOut => confirm_failure::TIMED_OUT,
@@ -231,7 +231,7 @@ impl OrderPublisher {
             let (withdrawn, taken): (Vec<Job>, Vec<Job>) =
                 batch.drain(..).partition(|job| job.withdrawn(now));
             if !withdrawn.is_empty() {
-                metrics::counter!(crate::metric_names::PUBLISH_WITHDRAWN)
+                metrics::counter!(crate::metrics::PUBLISH_WITHDRAWN)
                     .increment(withdrawn.len() as u64);
             }
             for job in withdrawn {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use backon::{ExponentialBuilder, Retryable};
-use moka::future::Cache;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -21,11 +20,12 @@ use crate::Settings;
 use crate::bloom::{BloomSizing, ProductBloom};
 use crate::catalog::Catalog;
 use crate::catalog_sync::CatalogSync;
+use crate::http::AppState;
 use crate::idempotency::Idempotency;
 use crate::null_cache::NullCache;
 use crate::publisher::OrderPublisher;
 use crate::relay::{OutboxAge, Relay, RelayHints};
-use crate::state::AppState;
+use crate::sold_out::SoldOutMemory;
 use crate::stock::fence::Fence;
 use crate::stock::{StockEngine, Timings};
 
@@ -44,51 +44,12 @@ pub struct Application {
     cancel: CancellationToken,
 }
 
-/// Where units going back on sale are announced, and the local flags that must hear it.
+/// Where units going back on sale are announced, and the local memory that must hear it.
 #[derive(Debug)]
 struct Reopened {
     urls: Vec<String>,
     channel: String,
-    flags: Cache<i64, ()>,
-    floors: Cache<i64, u64>,
-}
-
-impl Reopened {
-    /// Follows the announcements until `cancel`: a reopened product's flag comes down at
-    /// once; every flag does whenever announcements may have been missed.
-    async fn run(self, cancel: CancellationToken) {
-        use seckill_store::reopened::Event;
-        let (flags, floors) = (self.flags, self.floors);
-        let following = metrics::gauge!(crate::metric_names::SOLD_OUT_FOLLOWING);
-        // Taken one at a time, in the order heard: a floor is raised before its flag drops.
-        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel();
-        let follower = seckill_store::reopened::follow(self.urls, self.channel, cancel, move |e| {
-            let _ = events.send(e);
-        });
-        let apply = async move {
-            while let Some(event) = heard.recv().await {
-                match event {
-                    Event::Reopened {
-                        product_id,
-                        generation,
-                    } => {
-                        let floor = floors.get(&product_id).await.unwrap_or(0);
-                        floors.insert(product_id, floor.max(generation)).await;
-                        flags.invalidate(&product_id).await;
-                    }
-                    Event::Subscribed => {
-                        flags.invalidate_all();
-                        following.set(1.0);
-                    }
-                    Event::Lost => {
-                        flags.invalidate_all();
-                        following.set(0.0);
-                    }
-                }
-            }
-        };
-        tokio::join!(follower, apply);
-    }
+    memory: SoldOutMemory,
 }
 
 impl Application {
@@ -127,15 +88,7 @@ impl Application {
             )
         });
 
-        // A minute: longer than any purchase decided before a reopen takes to finish.
-        let reopened_floors = Cache::builder()
-            .max_capacity(10_000)
-            .time_to_live(Duration::from_secs(60))
-            .build();
-        let sold_out = Cache::builder()
-            .max_capacity(10_000)
-            .time_to_live(settings.sold_out_local_ttl)
-            .build();
+        let sold_out = SoldOutMemory::new(settings.sold_out_local_ttl);
         let state = AppState {
             catalog: Catalog::new(
                 db.clone(),
@@ -172,7 +125,6 @@ impl Application {
                 settings.backend.identity_window,
             ),
             sold_out: sold_out.clone(),
-            reopened: reopened_floors.clone(),
             relay_hints: relay_hints.clone(),
             publisher: publisher.clone(),
             default_buckets: settings.stock_buckets,
@@ -193,7 +145,7 @@ impl Application {
             ));
         }
         let router = seckill_http::layers::instrument(
-            crate::routes::router(state).merge(ops::router("seckill-api", probes)),
+            crate::http::router(state).merge(ops::router("seckill-api", probes)),
             "seckill-api",
         );
 
@@ -223,15 +175,14 @@ impl Application {
             replica: relay.consumer.clone(),
             every: relay.scan_every,
         };
-        crate::metric_names::describe(&outbox_age.replica);
+        crate::metrics::describe(&outbox_age.replica);
         let reopened = Reopened {
             urls: seckill_store::reopened::urls(
                 settings.backend.redis_url.expose(),
                 settings.backend.redis_cluster,
             ),
             channel: relay.keys.reopened_channel(),
-            flags: sold_out,
-            floors: reopened_floors,
+            memory: sold_out,
         };
         Ok(Self {
             listener,
@@ -264,7 +215,11 @@ impl Application {
         let relay = tokio::spawn(self.relay.run(cancel.clone()));
         // Only reads: stopped with the token, nothing to finish.
         tokio::spawn(self.outbox_age.run(cancel.clone()));
-        tokio::spawn(self.reopened.run(cancel.clone()));
+        tokio::spawn(self.reopened.memory.follow(
+            self.reopened.urls,
+            self.reopened.channel,
+            cancel.clone(),
+        ));
         // The publisher's connection closes with the token; handlers that still publish fall
         // back to the outbox, which the next start's relay drains.
         if let Some(publisher) = self.publisher {

@@ -240,7 +240,7 @@ pub fn refuse_body(error: BodyError) -> Response {
 }
 
 fn upstream_error(upstreams: &Upstreams, kind: &'static str) {
-    metrics::counter!("gateway_upstream_errors_total", "upstream" => upstreams.name(),
+    metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "upstream" => upstreams.name(),
         "kind" => kind)
     .increment(1);
 }

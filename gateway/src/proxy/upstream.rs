@@ -272,7 +272,7 @@ impl Upstreams {
         let named = sources.iter().any(|s| matches!(s, Source::Named { .. }));
         let replicas: Arc<[Arc<Replica>]> =
             sources.iter().flat_map(Source::replicas).cloned().collect();
-        metrics::gauge!("gateway_upstream_addresses", "upstream" => name)
+        metrics::gauge!(crate::metrics::UPSTREAM_ADDRESSES, "upstream" => name)
             .set(replicas.len() as f64);
         Self {
             name,
@@ -374,7 +374,7 @@ impl Upstreams {
         if before <= now {
             tracing::warn!(upstream = self.name, replica = %replica.base,
                 eject_ms = self.eject_for.as_millis() as u64, "replica ejected");
-            metrics::counter!("gateway_upstream_ejections_total", "upstream" => self.name,
+            metrics::counter!(crate::metrics::UPSTREAM_EJECTIONS, "upstream" => self.name,
                 "replica" => replica.base.clone())
             .increment(1);
         }
@@ -437,14 +437,14 @@ impl Upstreams {
                     "error"
                 }
             };
-            metrics::counter!("gateway_upstream_resolutions_total", "upstream" => self.name,
+            metrics::counter!(crate::metrics::UPSTREAM_RESOLUTIONS, "upstream" => self.name,
                 "outcome" => outcome)
             .increment(1);
         }
         if changed {
             let replicas: Arc<[Arc<Replica>]> =
                 sources.iter().flat_map(Source::replicas).cloned().collect();
-            metrics::gauge!("gateway_upstream_addresses", "upstream" => self.name)
+            metrics::gauge!(crate::metrics::UPSTREAM_ADDRESSES, "upstream" => self.name)
                 .set(replicas.len() as f64);
             *self
                 .published

@@ -204,7 +204,7 @@ impl RateLimits {
                 remaining,
             },
             Decision::Limited { retry_after_secs } => {
-                metrics::counter!("gateway_rate_limited_total", "route" => spec.route).increment(1);
+                metrics::counter!(crate::metrics::RATE_LIMITED, "route" => spec.route).increment(1);
                 Verdict::Limited {
                     limit: spec.burst,
                     wait_secs: retry_after_secs.max(1),

@@ -184,6 +184,6 @@ impl RedisQuotas {
 
 /// Counts a check Redis did not answer; the caller's failure mode decides the request.
 fn unanswered(why: &'static str) -> Decision {
-    metrics::counter!("gateway_rate_limit_backend_errors_total", "error" => why).increment(1);
+    metrics::counter!(crate::metrics::RATE_LIMIT_BACKEND_ERRORS, "error" => why).increment(1);
     Decision::Unknown
 }

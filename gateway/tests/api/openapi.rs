@@ -48,10 +48,7 @@ fn committed_path() -> PathBuf {
 
 /// The document the code describes now.
 fn generated() -> String {
-    gateway::openapi::document([
-        seckill_api::routes::openapi(),
-        order_service::http::openapi(),
-    ])
+    gateway::openapi::document([seckill_api::http::openapi(), order_service::http::openapi()])
 }
 
 fn operations(document: &Value) -> Vec<(String, String, &Value)> {

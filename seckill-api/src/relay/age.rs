@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_store::RedisKeys;
 
-use crate::metric_names::OUTBOX_OLDEST_AGE;
+use crate::metrics::OUTBOX_OLDEST_AGE;
 
 /// Streams read from the registry per round trip.
 const PAGE: isize = 1_000;

@@ -47,7 +47,7 @@ use tracing::Instrument as _;
 
 #[cfg(feature = "failpoints")]
 use crate::failpoints::redis_lost;
-use crate::metric_names as names;
+use crate::metrics as names;
 
 pub mod age;
 pub mod registry;

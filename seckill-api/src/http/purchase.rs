@@ -14,12 +14,12 @@ use seckill_messaging::{OrderMessage, TraceHeaders};
 use seckill_store::PurchaseResult;
 use tracing::Instrument as _;
 
+use super::AppState;
 use crate::error::{ApiError, SoldOutFlag};
 #[cfg(feature = "failpoints")]
 use crate::failpoints::redis_lost;
 use crate::idempotency::{Claim, Idempotency, Ticket};
 use crate::relay;
-use crate::state::AppState;
 use crate::stock::{Decision, Holding, Intent, PurchaseRequest};
 
 /// The client's idempotency key header.
@@ -225,7 +225,7 @@ async fn run(
         Err(ApiError::ProductNotFound) => "not_found",
         Err(_) => "error",
     };
-    metrics::counter!(crate::metric_names::PURCHASES, "outcome" => label).increment(1);
+    metrics::counter!(crate::metrics::PURCHASES, "outcome" => label).increment(1);
     outcome
 }
 
@@ -279,7 +279,7 @@ async fn deliver(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, %request_id, "publish failed; the relay takes over");
-                    metrics::counter!(crate::metric_names::OUTBOX_CONFIRM_FAILURES,
+                    metrics::counter!(crate::metrics::OUTBOX_CONFIRM_FAILURES,
                         "reason" => e.reason())
                     .increment(1);
                     "outbox"
@@ -291,7 +291,7 @@ async fn deliver(
     if durable_in == "outbox" {
         state.relay_hints.hint(stream);
     }
-    metrics::counter!(crate::metric_names::ACCEPTED, "durable_in" => durable_in).increment(1);
+    metrics::counter!(crate::metrics::ACCEPTED, "durable_in" => durable_in).increment(1);
 }
 
 async fn decide(
@@ -310,7 +310,7 @@ async fn decide(
     if !product.is_active(now) {
         return Err(ApiError::ActivityNotActive);
     }
-    if state.sold_out.contains_key(&product_id) {
+    if state.sold_out.is_sold_out(product_id) {
         metrics::counter!("seckill_sold_out_flag_hits_total", "flag" => "local").increment(1);
         // Not named for the gateway: a flag remembered here may be up to its TTL old, and
         // the gateway's own TTL would add to it. Only answers read from Redis teach it.
@@ -373,21 +373,12 @@ async fn decide(
         Decision::SoldOut { flag } => {
             // Not remembered when a unit came back during the sweep (it is on sale again),
             // nor when a reopen of a later generation was announced since it was read.
-            let floor = || async { state.reopened.get(&product_id).await.unwrap_or(0) };
-            let mut flag = flag;
-            if let Some(generation) = flag {
-                if generation < floor().await {
-                    flag = None;
-                } else {
-                    state.sold_out.insert(product_id, ()).await;
-                    // Announced between the check and the insert: the announcement's
-                    // invalidation may have run first.
-                    if generation < floor().await {
-                        state.sold_out.invalidate(&product_id).await;
-                        flag = None;
-                    }
+            let flag = match flag {
+                Some(generation) if state.sold_out.remember(product_id, generation).await => {
+                    Some(generation)
                 }
-            }
+                _ => None,
+            };
             Err(ApiError::SoldOut(flag.map(|generation| SoldOutFlag {
                 product_id,
                 generation,

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
 /// Purchase decisions, by `outcome` (accepted, sold_out, already_purchased, …).
 pub const PURCHASES: &str = "seckill_purchases_total";

@@ -8,9 +8,9 @@ use serde::Serialize;
 use seckill_auth::{AdminIdentity, Identity};
 use seckill_http::{ErrorBody, JsonBody, PathId};
 
+use super::AppState;
 use crate::catalog::{Edit, NewProduct, Product, ProductChanges};
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// A product with its approximate remaining stock.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -8,8 +8,8 @@ use seckill_auth::AdminIdentity;
 use seckill_http::{ErrorBody, PathId};
 use seckill_store::PurchaseResult;
 
+use super::AppState;
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// Where every unit of a product is. Once the system is quiet, `drift` is 0: each unit is
 /// either still on sale in Redis, accepted and on its way, or an order.
