@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The fault matrix: every scenario of issue "a 202 that survives any single fault", one line
-# each, then `chaos: N passed, N failed`.
+# The fault matrix: a flash sale under each single fault, one line per scenario, then
+# `chaos: N passed, N failed`.
 #
 #   scripts/chaos.sh                       # every scenario (about 4 minutes)
 #   scripts/chaos.sh --fast                # the fast subset CI runs (no outages, no cluster)
 #   scripts/chaos.sh --rounds 3            # the whole matrix three times over
 #   scripts/chaos.sh --scenarios redis-restart-empty,kill-seckill-api
 #   scripts/chaos.sh --list                # the scenarios
-#   scripts/chaos.sh --debug-build --fast  # on the dev profile's binaries (what the test suite
-#                                          # does: they are built already, a release build is not)
+#   scripts/chaos.sh --debug-build --fast  # on the dev profile's binaries
+#   scripts/chaos.sh --debug-build --prebuilt --fast
+#                                          # on the dev binaries as they are, not built again:
+#                                          # what scripts/test.sh does after its test build, which
+#                                          # made them (a build here would resolve features
+#                                          # otherwise and build the workspace again)
 #
 # It starts its OWN Redis (append-only file), RabbitMQ node (with its management API) and
 # PostgreSQL on spare loopback ports, never the shared ones, and for each scenario the three
@@ -35,18 +39,27 @@ fi
 
 profile=(--release)
 bin_dir=$BIN_DIR
+build=1
 args=()
 for arg in "$@"; do
-    if [ "$arg" = --debug-build ]; then
-        profile=()
-        bin_dir="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
-    else
-        args+=("$arg")
-    fi
+    case $arg in
+        --debug-build)
+            profile=()
+            bin_dir="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
+            ;;
+        --prebuilt) build=0 ;;
+        *) args+=("$arg") ;;
+    esac
 done
 
-say "building the services and seckill-chaos (${profile[*]:-dev profile})"
-(cd "$ROOT" && cargo build ${profile[@]+"${profile[@]}"} -p gateway -p seckill-api -p order-service -p seckill-loadtest)
+if ((build)); then
+    say "building the services and seckill-chaos (${profile[*]:-dev profile})"
+    (cd "$ROOT" && cargo build ${profile[@]+"${profile[@]}"} -p gateway -p seckill-api -p order-service -p seckill-loadtest)
+else
+    for binary in gateway seckill-api order-service seckill-chaos; do
+        [ -x "$bin_dir/$binary" ] || die "--prebuilt: no $bin_dir/$binary (build it, or leave --prebuilt out)"
+    done
+fi
 
 cd "$ROOT"
 exec "$bin_dir/seckill-chaos" --bin-dir "$bin_dir" --log-dir "$RUN_DIR/chaos" ${args[@]+"${args[@]}"}
