@@ -557,10 +557,14 @@ class ProbesTest(unittest.TestCase):
                 with self.subTest(overlay=overlay, service=service):
                     named_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
                     self.assertEqual(named_ports["http"], port)
-                    # Liveness: /healthz on the service's own port (crates/http/src/ops.rs,
-                    # gateway/src/ops.rs), which answers whatever the dependencies do.
-                    live = c["livenessProbe"]["httpGet"]
-                    self.assertEqual((live["path"], live["port"]), ("/healthz", port))
+                    # Liveness and startup: /healthz, which answers whatever the dependencies
+                    # do (crates/http/src/ops.rs, gateway/src/ops.rs), on the backends' own
+                    # port and on the gateway's operator port: its public port answers 503
+                    # at the connection cap, which must not restart it.
+                    expected = ("/healthz", admin if service == "gateway" else port)
+                    for probe in ("livenessProbe", "startupProbe"):
+                        get = c[probe]["httpGet"]
+                        self.assertEqual((get["path"], get["port"]), expected, f"{overlay}: {service} {probe}")
                     if service == "gateway":
                         self.assertEqual(named_ports["admin"], admin)
             urls = named(objects, "ConfigMap", "gateway-config")["data"]
