@@ -1,7 +1,8 @@
 """The Kubernetes manifests of both overlays, rendered offline and checked against the
 repository's other sources of truth: the schemas (kubernetes-validate), docker-compose.yml
 (what is exposed, which variables are secrets, the health checks), the services' settings
-and source (ports, shutdown, pool sizes, queue names), the alert rules and docs/metrics.md.
+and source (which settings are secrets, ports, shutdown, pool sizes, queue names), the
+alert rules and docs/metrics.md.
 The same kind of checks as gateway/tests/api/compose_exposure.rs, for Kubernetes.
 
 Run by scripts/check-kubernetes.sh (`python3 -m unittest discover -s deploy/kubernetes/tests`).
@@ -441,15 +442,33 @@ class SecretsTest(unittest.TestCase):
                             ref, {"name": SECRET, "key": variable}, f"{overlay}: {service} {variable} not from the Secret"
                         )
 
+    def test_secret_settings_are_found_in_the_code_as_the_configuration_reference_names_them(self):
+        variables = secret_variables()
+        reference = read("docs", "configuration.md")
+        for variable in sorted(variables):
+            self.assertIn(f"`{variable}`", reference, "a secret variable docs/configuration.md does not list")
+        for variable in (
+            "SECKILL_JWT_SECRET",
+            "SECKILL_DATABASE_URL",
+            "SECKILL_GATEWAY_SECKILL_API_INTERNAL_KEY",
+            "SECKILL_ORDER_SIGNING_KEY_PREVIOUS",
+            "SECKILL_API_INTERNAL_KEY",
+        ):
+            self.assertIn(variable, variables, "the secret-typed settings were not all found")
+        for service in SERVICES:
+            for variable in compose_secret_variables(service):
+                self.assertIn(variable, variables, f"compose takes {variable} as a secret; the code does not type it so")
+
     def test_no_config_map_holds_a_secret(self):
-        secret_names = {v for s in SERVICES for v in compose_secret_variables(s)}
+        secret_names = secret_variables()
+        secret_names |= {v for s in SERVICES for v in compose_secret_variables(s)}
         secret_names |= {"POSTGRES_PASSWORD", "REDIS_PASSWORD", "RABBITMQ_PASSWORD"}
         dev_values = self.dev_values()
         for overlay in OVERLAYS:
             for cm in of_kind(rendered(overlay), "ConfigMap"):
                 for key, value in (cm.get("data") or {}).items():
                     with self.subTest(overlay=overlay, config_map=cm["metadata"]["name"], key=key):
-                        self.assertNotIn(key, secret_names, f"{overlay}: secret {key} in a ConfigMap")
+                        self.assertFalse(key in secret_names, f"{overlay}: secret {key} in a ConfigMap")
                         self.assertFalse(re.search(r"://[^/@\s]*:[^/@\s]*@", value), f"{key}: a URL with a password")
                         for dev in dev_values:
                             self.assertNotIn(dev, value)
@@ -457,7 +476,12 @@ class SecretsTest(unittest.TestCase):
                 for c in w["spec"]["template"]["spec"]["containers"]:
                     for e in c.get("env", []):
                         if e["name"] in secret_names:
-                            self.assertIn("valueFrom", e, f"{overlay}: {e['name']} as a plain value")
+                            with self.subTest(overlay=overlay, workload=w["metadata"]["name"], variable=e["name"]):
+                                self.assertIn(
+                                    "secretKeyRef",
+                                    e.get("valueFrom", {}),
+                                    f"{overlay}: {e['name']} of {w['metadata']['name']} not from a Secret",
+                                )
 
     @staticmethod
     def dev_values():
@@ -487,9 +511,10 @@ class SecretsTest(unittest.TestCase):
             self.assertEqual(named(objects, "ConfigMap", name)["data"].get("SECKILL_ALLOW_DEV_SECRETS"), "true")
 
 
-def settings_fields(path, struct):
+def settings_fields(path, struct, secret_only=False):
     """The variable-name suffixes of a Rust settings struct: its field names, or the
-    `#[serde(rename = "…")]` given to one."""
+    `#[serde(rename = "…")]` given to one; with `secret_only`, of the fields typed
+    `Secret` or `Option<Secret>` only."""
     source = read(*path)
     body = re.search(r"pub struct " + struct + r" \{(.*?)\n\}", source, re.S)
     assert body, f"{'/'.join(path)}: no struct {struct}"
@@ -499,20 +524,46 @@ def settings_fields(path, struct):
         renamed = re.search(r'rename = "(\w+)"', line)
         if renamed:
             rename = renamed.group(1)
-        field = re.match(r"pub (\w+):", line)
+        field = re.match(r"pub (\w+):\s*(.*?),?$", line)
         if field:
-            fields.add((rename or field.group(1)).upper())
+            secret = re.fullmatch(r"(?:Option<\s*)?(?:seckill_config::)?Secret(?:\s*>)?", field.group(2))
+            if secret or not secret_only:
+                fields.add((rename or field.group(1)).upper())
             rename = None
     return fields
 
 
+# Each service's settings: (its variable prefix, the settings structs it reads).
+SETTINGS_SOURCES = {
+    "gateway": ("GATEWAY", [(("gateway", "src", "config.rs"), "Settings")]),
+    "seckill-api": (
+        "API",
+        [(("crates", "config", "src", "lib.rs"), "BackendSettings"), (("seckill-api", "src", "config.rs"), "Settings")],
+    ),
+    "order-service": (
+        "ORDER",
+        [(("crates", "config", "src", "lib.rs"), "BackendSettings"), (("order-service", "src", "config.rs"), "Settings")],
+    ),
+}
+
+
+def secret_variables():
+    """Every variable that sets a setting typed `Secret` or `Option<Secret>` in the
+    services' settings structs, in both of the forms docs/configuration.md lists:
+    `SECKILL_<NAME>` and the service's own `SECKILL_<PREFIX>_<NAME>`."""
+    names = set()
+    for prefix, structs in SETTINGS_SOURCES.values():
+        for path, struct in structs:
+            for field in settings_fields(path, struct, secret_only=True):
+                names |= {f"SECKILL_{field}", f"SECKILL_{prefix}_{field}"}
+    return names
+
+
 class SettingsTest(unittest.TestCase):
     def test_every_variable_set_is_a_setting_of_the_services_reading_it(self):
-        backend = settings_fields(("crates", "config", "src", "lib.rs"), "BackendSettings")
         known = {
-            "gateway": ("GATEWAY", settings_fields(("gateway", "src", "config.rs"), "Settings")),
-            "seckill-api": ("API", backend | settings_fields(("seckill-api", "src", "config.rs"), "Settings")),
-            "order-service": ("ORDER", backend | settings_fields(("order-service", "src", "config.rs"), "Settings")),
+            service: (prefix, set().union(*(settings_fields(path, struct) for path, struct in structs)))
+            for service, (prefix, structs) in SETTINGS_SOURCES.items()
         }
         for overlay in OVERLAYS:
             objects = rendered(overlay)
