@@ -181,10 +181,12 @@ def allowed(objects, source, target, port):
             peers = rule.get("from")
             if not peers:
                 return True
-            if source is None:
-                continue
             for peer in peers:
+                # An address range: the checks know no pod's address, so it is taken to
+                # admit any source, from outside the cluster or not (`except` or not).
                 if "ipBlock" in peer:
+                    return True
+                if source is None:
                     continue
                 ns_selector = peer.get("namespaceSelector")
                 if ns_selector is not None:
