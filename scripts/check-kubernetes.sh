@@ -39,15 +39,33 @@ done
 
 say "checking the rendered manifests (deploy/kubernetes/tests)"
 cd "$ROOT"
-report=$(mktemp)
-trap 'rm -f "$report"' EXIT
+counts=$(mktemp)
+trap 'rm -f "$counts"' EXIT
 status=0
-python3 -m unittest discover -s deploy/kubernetes/tests -t deploy/kubernetes/tests "$@" 2>&1 |
-    tee "$report" || status=$?
-# One total line, as scripts/test.sh adds them up: `kubernetes: N passed, N failed`.
-ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in .*/\1/p' "$report" | tail -n 1)
-failed=$({ grep -oE '(failures|errors)=[0-9]+' "$report" || true; } | awk -F= '{ n += $2 } END { print n + 0 }')
+# One total line, as scripts/test.sh adds them up: `kubernetes: N passed, N failed`, counting
+# test methods: a method with failing subtests is one failed test, however many fail. The
+# runner writes "<ran> <failed>" to $counts; unittest's own report goes to stderr as usual.
+python3 - "$counts" "$@" <<'PY' || status=$?
+import sys
+import unittest
+
+counts, args = sys.argv[1], sys.argv[2:]
+program = unittest.main(
+    module=None,
+    argv=["check-kubernetes", "discover", "-s", "deploy/kubernetes/tests", "-t", "deploy/kubernetes/tests", *args],
+    exit=False,
+)
+result = program.result
+# A subtest's failure is reported under the _SubTest; its test_case is the method.
+failed = {getattr(test, "test_case", test).id() for test, _ in result.failures + result.errors}
+failed |= {test.id() for test in result.unexpectedSuccesses}
+with open(counts, "w") as f:
+    f.write(f"{result.testsRun} {len(failed)}\n")
+sys.exit(0 if result.wasSuccessful() else 1)
+PY
+read -r ran failed <"$counts" || true
+ran=${ran:-0} failed=${failed:-0}
 ((status == 0)) || ((failed > 0)) || failed=1
-echo "kubernetes: $((${ran:-0} - failed < 0 ? 0 : ${ran:-0} - failed)) passed, $failed failed"
+echo "kubernetes: $((ran - failed < 0 ? 0 : ran - failed)) passed, $failed failed"
 ((status == 0)) || die "the Kubernetes manifests failed their checks"
 say "Kubernetes manifests: both overlays render and pass their checks"
