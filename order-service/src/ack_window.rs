@@ -108,7 +108,7 @@ impl AckWindow {
             // The channel died: the broker redelivers everything unacked, and the writes
             // are idempotent.
             tracing::warn!(error = %e, up_to, "could not ack deliveries");
-            metrics::counter!(crate::metric_names::ORDERS_ACK_FAILURES).increment(count as u64);
+            metrics::counter!(crate::metrics::ORDERS_ACK_FAILURES).increment(count as u64);
         } else {
             metrics::counter!("orders_acked_total").increment(count as u64);
             metrics::counter!("orders_ack_frames_total").increment(1);

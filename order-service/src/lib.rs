@@ -21,7 +21,7 @@
 //!   selections, SQL, redrive publishing and its pace), which the admin routes and the CLI
 //!   list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
-//! - [`metric_names`] — the message-lifecycle metrics' names and help; [`queue_watch`] —
+//! - [`metrics`] — the message-lifecycle metrics' names and help; [`queue_watch`] —
 //!   the queues' depth and consumers, read by passive declares.
 //! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
 //!   (`docs/failpoints.md`).
@@ -36,7 +36,7 @@ pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod http;
-pub mod metric_names;
+pub mod metrics;
 pub mod orders;
 pub mod parking;
 pub mod queue_watch;

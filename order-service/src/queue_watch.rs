@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{Health, Supervised, Supervisor, Topology};
 
-use crate::metric_names::{self as names, role};
+use crate::metrics::{self as names, role};
 
 /// The default interval between two polls.
 pub const WATCH_EVERY: Duration = Duration::from_secs(5);

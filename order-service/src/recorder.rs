@@ -84,7 +84,7 @@ impl Recorder {
             match parking::record(&self.db, &arrival, self.quarantine_after).await {
                 Ok(status) => {
                     seckill_http::failpoint!("record::after_insert", Err(channel_lost()));
-                    metrics::counter!(crate::metric_names::ORDERS_PARKED, "reason" => arrival.error_code.clone())
+                    metrics::counter!(crate::metrics::ORDERS_PARKED, "reason" => arrival.error_code.clone())
                         .increment(1);
                     if status == "quarantined" {
                         tracing::error!(event_id = %arrival.event_id, error_code = %arrival.error_code,

@@ -116,7 +116,7 @@ impl Application {
             topology: consumer.topology.clone(),
             every: settings.queue_watch,
         };
-        crate::metric_names::describe(&consumer.topology);
+        crate::metrics::describe(&consumer.topology);
         crate::breaker::register_transition_counters();
         let compensator = Compensator {
             db: consumer.db.clone(),

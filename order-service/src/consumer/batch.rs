@@ -14,7 +14,7 @@ use seckill_store::PurchaseResult;
 use super::OrderConsumer;
 use super::delivery::{Exhausted, Out};
 use super::headers::{attempt_of, delivery_span, retried_at, signature_of, trace_of};
-use crate::metric_names as names;
+use crate::metrics as names;
 use crate::orders;
 
 impl OrderConsumer {

@@ -59,14 +59,14 @@ impl OrderConsumer {
             // Paused while the breaker refuses calls: nothing is taken from the queue.
             if self.breaker.state().pauses() {
                 tracing::warn!("circuit breaker open: consumer paused");
-                metrics::gauge!(crate::metric_names::CONSUMER_PAUSED).set(1.0);
+                metrics::gauge!(crate::metrics::CONSUMER_PAUSED).set(1.0);
                 while self.breaker.state().pauses() {
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = changes.changed() => {}
                     }
                 }
-                metrics::gauge!(crate::metric_names::CONSUMER_PAUSED).set(0.0);
+                metrics::gauge!(crate::metrics::CONSUMER_PAUSED).set(0.0);
                 if cancel.is_cancelled() {
                     break Ok(());
                 }

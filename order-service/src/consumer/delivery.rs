@@ -20,7 +20,7 @@ use seckill_store::PurchaseResult;
 use super::OrderConsumer;
 use super::headers::{HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count};
 use crate::ack_window::AckWindow;
-use crate::metric_names as names;
+use crate::metrics as names;
 use crate::orders::Recorded;
 use crate::retry::Next;
 
