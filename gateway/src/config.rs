@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use seckill_auth::JwtAlgorithm;
 use seckill_config::{
-    DEV_INTERNAL_KEY, DEV_JWT_SECRET, LogFormat, Secret, Validate, validate_namespace,
+    ConfigError, DEV_INTERNAL_KEY, DEV_JWT_SECRET, LogFormat, Secret, SecretCheck, Validate,
+    validate_namespace,
 };
 
 use crate::client_ip::TrustedProxies;
@@ -333,6 +334,18 @@ impl Settings {
             Service::OrderService => &self.order_service_internal_key,
         };
         own.as_ref().unwrap_or(&self.internal_key)
+    }
+
+    /// Stops the gateway on a public development secret unless `allow_dev_secrets`; returns
+    /// the variables still on one (allowed), for a warning. A public-key algorithm never
+    /// reads the HMAC secret, so its default is harmless there.
+    pub fn refuse_public_secrets(&self) -> Result<Vec<&str>, ConfigError> {
+        let mut secrets: Vec<SecretCheck<'_>> = Vec::with_capacity(2);
+        if self.jwt_algorithm == JwtAlgorithm::HS256 {
+            secrets.push(("SECKILL_JWT_SECRET", &self.jwt_secret, DEV_JWT_SECRET));
+        }
+        secrets.push(("SECKILL_INTERNAL_KEY", &self.internal_key, DEV_INTERNAL_KEY));
+        seckill_config::refuse_public_secrets(&secrets, self.allow_dev_secrets)
     }
 
     /// What resolves the upstream host names: `dns_server`, else the system resolver.

@@ -236,3 +236,24 @@ async fn probe_replica(replica: &Replica) -> Result<(), String> {
         Err(format!("answered {}", response.status))
     }
 }
+
+/// How the binary starts: the steps every service shares (`seckill_service::main`).
+impl seckill_service::Service for Settings {
+    const NAME: &'static str = "gateway";
+    const PREFIX: &'static str = "gateway";
+    // Connections are served on worker threads of their own (`serve`); the runtime only
+    // accepts and keeps house.
+    const RUNTIME: seckill_service::Runtime = seckill_service::Runtime::CurrentThread;
+
+    fn logging(&self) -> (&str, seckill_config::LogFormat) {
+        (&self.log_filter, self.log_format)
+    }
+
+    fn refuse_public_secrets(&self) -> Result<Vec<&str>, seckill_config::ConfigError> {
+        Settings::refuse_public_secrets(self)
+    }
+
+    async fn run(self) -> anyhow::Result<()> {
+        Application::build(self).await?.run_until_stopped().await
+    }
+}

@@ -213,3 +213,22 @@ fn readiness_probes(
         ),
     ]
 }
+
+/// How the binary starts: the steps every service shares (`seckill_service::main`).
+impl seckill_service::Service for Settings {
+    const NAME: &'static str = "order-service";
+    const PREFIX: &'static str = "order";
+    const RUNTIME: seckill_service::Runtime = seckill_service::Runtime::MultiThread;
+
+    fn logging(&self) -> (&str, seckill_config::LogFormat) {
+        (&self.backend.log_filter, self.backend.log_format)
+    }
+
+    fn refuse_public_secrets(&self) -> Result<Vec<&str>, seckill_config::ConfigError> {
+        self.backend.refuse_public_secrets()
+    }
+
+    async fn run(self) -> anyhow::Result<()> {
+        Application::build(self).await?.run_until_stopped().await
+    }
+}
