@@ -17,8 +17,8 @@ use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
 use thread_local::ThreadLocal;
 
 use crate::Settings;
+use crate::error;
 use crate::http1::Response;
-use crate::refusal;
 
 const WWW_AUTHENTICATE: &[u8] = b"www-authenticate";
 
@@ -244,7 +244,7 @@ fn bearer_token(value: &[u8]) -> Option<&str> {
 pub fn unauthorized(reason: &'static str) -> Response {
     metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => reason).increment(1);
     tracing::info!(reason, "request refused: no valid bearer token");
-    let mut response = refusal::error(
+    let mut response = error::response(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
         "a valid bearer token is required",
@@ -262,7 +262,7 @@ pub fn unauthorized(reason: &'static str) -> Response {
 /// The 403 for a non-admin on an admin route.
 pub fn forbidden() -> Response {
     metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => "not_admin").increment(1);
-    let mut response = refusal::error(
+    let mut response = error::response(
         StatusCode::FORBIDDEN,
         "forbidden",
         "this action needs the admin role",

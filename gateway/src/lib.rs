@@ -16,7 +16,7 @@
 //!   body readers and header rules both share.
 //! - [`pipeline`] — the request path, in order: the application's `http1::Handler`;
 //!   [`ops`] — the public `/healthz`, and the operator listener (`/metrics`, `/readyz`)
-//!   on loopback; [`refusal`] — the gateway's own JSON error responses; [`in_flight`] —
+//!   on loopback; [`error`] — the gateway's own JSON error responses; [`in_flight`] —
 //!   the bounds on requests and purchases under way.
 //! - [`openapi`] — the public API contract (`docs/openapi.json`, served at `/openapi.json`)
 //!   and the function that builds it from the code.
@@ -31,6 +31,7 @@
 pub mod auth;
 pub mod client_ip;
 pub mod config;
+pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http1;
@@ -41,7 +42,6 @@ pub mod ops;
 pub mod pipeline;
 pub mod proxy;
 pub mod ratelimit;
-pub mod refusal;
 pub mod serve;
 pub mod sold_out;
 pub mod startup;

@@ -23,8 +23,8 @@ use tower::ServiceExt;
 
 use seckill_http::ErrorBody;
 
+use crate::error;
 use crate::http1::{Incoming, Response, with_date};
-use crate::refusal;
 
 /// Largest body of an operator endpoint's response (metrics).
 const MAX_LOCAL_BODY: usize = 16 * 1024 * 1024;
@@ -119,7 +119,7 @@ pub async fn respond(router: &Router, incoming: &mut Incoming<'_>) -> Response {
     let body = match incoming.body().await {
         Ok(body) => body,
         Err(_) => {
-            return refusal::error(
+            return error::response(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "unreadable body",
@@ -134,7 +134,7 @@ pub async fn respond(router: &Router, incoming: &mut Incoming<'_>) -> Response {
             Ok(response) => from_axum(response).await,
             Err(never) => match never {},
         },
-        Err(_) => refusal::error(
+        Err(_) => error::response(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "malformed request",
@@ -181,7 +181,7 @@ mod tests {
         response
             .headers_mut()
             .insert("x-b", HeaderValue::from_static("2"));
-        let error = refusal::error(StatusCode::NOT_FOUND, "not_found", "no");
+        let error = error::response(StatusCode::NOT_FOUND, "not_found", "no");
         let answer = from_axum(response).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND);
         assert_eq!(answer.header("X-B"), Some(&b"2"[..]));
@@ -202,7 +202,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refusal_has_the_headers_axum_would_give_it() {
-        let refusal = refusal::error(
+        let refusal = error::response(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
             "slow \"down\"",

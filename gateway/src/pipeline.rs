@@ -55,7 +55,7 @@ use crate::in_flight::{InFlight, Purchases};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 use crate::sold_out::{self, SoldOutEdge};
-use crate::{ops, refusal};
+use crate::{error, ops};
 
 /// Everything a request needs on its way through the gateway: the application's
 /// [`Handler`] for the HTTP/1.1 server.
@@ -97,7 +97,7 @@ impl Handler for Pipeline {
             if head.framing() != Framing::None {
                 // Refused unread: no read of it can hold the connection.
                 incoming.refuse_body();
-                return refusal::error(
+                return error::response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "payload_too_large",
                     "operator endpoints take no request body",
@@ -144,20 +144,20 @@ impl Handler for Pipeline {
             Some(Ok(response)) => response,
             Some(Err(_panic)) => {
                 tracing::error!("request handler panicked");
-                refusal::error(
+                error::response(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
                     "internal error",
                 )
             }
-            None if incoming.body_state() == BodyState::Reading => refusal::error(
+            None if incoming.body_state() == BodyState::Reading => error::response(
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
                 "the request body came too slowly",
             ),
             None => {
                 metrics::counter!(crate::metrics::TIMEOUTS).increment(1);
-                refusal::error(
+                error::response(
                     StatusCode::GATEWAY_TIMEOUT,
                     "gateway_timeout",
                     "the request took too long",
@@ -179,7 +179,7 @@ impl Handler for Pipeline {
             _ => "invalid_request",
         };
         tracing::debug!(%peer, status = %refused.status, reason = refused.message, "request head refused");
-        let response = refusal::error(refused.status, code, refused.message);
+        let response = error::response(refused.status, code, refused.message);
         record("unmatched", "other", response.status, Instant::now());
         response
     }
@@ -243,14 +243,14 @@ impl Pipeline {
         trace: &proxy::TraceContext,
     ) -> Response {
         if proxy::has_dot_segment(incoming.head.path()) {
-            return refusal::error(
+            return error::response(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "paths with . or .. segments are refused",
             );
         }
         let Some(route) = route else {
-            return refusal::error(StatusCode::NOT_FOUND, "not_found", "no such route");
+            return error::response(StatusCode::NOT_FOUND, "not_found", "no such route");
         };
         let caller = match caller {
             Ok(caller) => caller,
@@ -280,7 +280,7 @@ impl Pipeline {
                 Some(purchase) => Some(purchase),
                 None => {
                     metrics::counter!(crate::metrics::PURCHASES_REFUSED).increment(1);
-                    return refusal::error(
+                    return error::response(
                         StatusCode::TOO_MANY_REQUESTS,
                         "too_many_purchases",
                         "too many purchases under way for this user",
@@ -292,7 +292,7 @@ impl Pipeline {
         };
         let Some(_slot) = self.in_flight.enter() else {
             metrics::counter!(crate::metrics::SHED).increment(1);
-            return refusal::unavailable("overloaded, retry shortly");
+            return error::unavailable("overloaded, retry shortly");
         };
         let response = proxy::forward(
             &self.proxy,

@@ -25,9 +25,9 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::error;
 use crate::http1::{ConnectionCaps, ConnectionLimits, refuse_connection, serve_connection};
 use crate::pipeline::Pipeline;
-use crate::refusal;
 
 /// How long requests under way may take to finish once shutdown began.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -153,7 +153,7 @@ pub async fn serve(
                     metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "reason" => reason.label())
                         .increment(1);
                     tracing::debug!(%peer, reason = reason.label(), "connection refused");
-                    let response = refusal::unavailable("too many connections, retry shortly");
+                    let response = error::unavailable("too many connections, retry shortly");
                     refuse_connection(stream, response, limits).await;
                 }
             }

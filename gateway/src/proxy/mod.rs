@@ -22,8 +22,8 @@ use seckill_auth::IdentitySigner;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
+use crate::error;
 use crate::http1::{BodyError, ExchangeError, Incoming, Outgoing, Response};
-use crate::refusal;
 use headers::Forward;
 pub use headers::TraceContext;
 
@@ -218,9 +218,9 @@ pub async fn forward(
                 )
             }
         };
-        return refusal::error(status, code, message);
+        return error::response(status, code, message);
     }
-    refusal::unavailable("no upstream available, retry shortly")
+    error::unavailable("no upstream available, retry shortly")
 }
 
 /// The response to a request whose body could not be had: 413 when too large, 400
@@ -229,12 +229,12 @@ pub fn refuse_body(error: BodyError) -> Response {
     match error {
         BodyError::TooLarge(limit) => {
             let message = format!("request bodies are limited to {limit} bytes");
-            refusal::error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &message)
+            error::response(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &message)
         }
         e => {
             tracing::debug!(error = ?e, "client body unreadable");
             let message = "the request body could not be read";
-            refusal::error(StatusCode::BAD_REQUEST, "invalid_request", message)
+            error::response(StatusCode::BAD_REQUEST, "invalid_request", message)
         }
     }
 }

@@ -2,8 +2,8 @@
 
 use axum::http::StatusCode;
 
+use crate::error;
 use crate::http1::Response;
-use crate::refusal;
 
 const X_RATELIMIT_LIMIT: &[u8] = b"x-ratelimit-limit";
 const X_RATELIMIT_REMAINING: &[u8] = b"x-ratelimit-remaining";
@@ -60,13 +60,13 @@ impl Verdict {
             // 503, not 429: the client did nothing wrong and is not over its quota; the
             // gateway cannot meter it right now, and `Retry-After: 1` says to come back.
             Self::Unavailable => {
-                return Some(refusal::unavailable(
+                return Some(error::unavailable(
                     "rate limiting is unavailable, retry shortly",
                 ));
             }
             _ => return None,
         }
-        let mut response = refusal::error(
+        let mut response = error::response(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
             "too many requests, retry later",

@@ -1,4 +1,5 @@
-//! The gateway's own error responses, in the contract's JSON shape (`{"code","message"}`,
+//! The gateway's own error responses (its refusals, and its answers for an upstream that
+//! failed or is gone), in the contract's JSON shape (`{"code","message"}`,
 //! see `seckill_http::ErrorBody`), built straight into a [`crate::http1::Response`]: the
 //! same bytes axum's `Json` would give, without a trip through its body types.
 
@@ -16,7 +17,7 @@ struct ErrorBody<'a> {
 }
 
 /// The JSON error response `{"code","message"}` with `status`, a content type and a `Date`.
-pub fn error(status: StatusCode, code: &str, message: &str) -> Response {
+pub fn response(status: StatusCode, code: &str, message: &str) -> Response {
     let mut response = Response::new(status);
     response.push_header(b"content-type", b"application/json");
     with_date(|date| response.push_header(b"date", date));
@@ -33,7 +34,7 @@ pub fn error(status: StatusCode, code: &str, message: &str) -> Response {
 
 /// A 503 with `Retry-After: 1`.
 pub fn unavailable(message: &str) -> Response {
-    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
+    let mut response = response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
     response.push_header(b"retry-after", b"1");
     response
 }
