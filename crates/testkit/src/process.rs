@@ -200,3 +200,25 @@ pub async fn assert_backend_listens_on_loopback_only(binary: &str, port_variable
     open.kill().await.expect("stop the backend");
     ns.cleanup().await;
 }
+
+/// Asserts that `command` (a service, its secrets allowed and every other variable known)
+/// refuses to start once `misspelt` is set, naming it and `meant`, the setting it was
+/// probably meant for.
+pub async fn assert_misspelt_variable_stops(command: &mut Command, misspelt: &str, meant: &str) {
+    command
+        // Nothing else stops it: the public secrets are allowed.
+        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
+        .env(misspelt, "5");
+    let output = run_to_exit(command, Duration::from_secs(30)).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "started with the misspelt {misspelt}: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "unknown setting {misspelt}; did you mean {meant}?"
+        )),
+        "{stderr}"
+    );
+}

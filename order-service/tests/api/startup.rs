@@ -5,6 +5,7 @@
 
 use seckill_testkit::process::{
     assert_backend_listens_on_loopback_only, assert_each_public_secret_stops_backend,
+    assert_misspelt_variable_stops, backend_command,
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_order-service");
@@ -22,23 +23,13 @@ async fn with_the_switch_order_service_starts_and_listens_on_loopback_only() {
 
 #[tokio::test]
 async fn a_misspelt_variable_stops_order_service_naming_the_closest_setting() {
-    let mut command = seckill_testkit::process::service_command(BINARY);
-    command
-        .env(PORT_VARIABLE, seckill_testkit::free_port().to_string())
-        .env("SECKILL_ALLOW_DEV_SECRETS", "true")
-        .env("SECKILL_ORDER_BATCH_LINGR_MS", "50");
-    let output =
-        seckill_testkit::process::run_to_exit(&mut command, std::time::Duration::from_secs(30))
-            .await;
-    assert!(!output.status.success(), "started with a misspelt variable");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(
-            "unknown setting SECKILL_ORDER_BATCH_LINGR_MS; \
-             did you mean SECKILL_ORDER_BATCH_LINGER_MS?"
-        ),
-        "{stderr}"
-    );
+    let ns = seckill_testkit::TestNamespace::new();
+    assert_misspelt_variable_stops(
+        &mut backend_command(BINARY, PORT_VARIABLE, seckill_testkit::free_port(), &ns),
+        "SECKILL_ORDER_BATCH_LINGR_MS",
+        "SECKILL_ORDER_BATCH_LINGER_MS",
+    )
+    .await;
 }
 
 /// A first start on a broker that has never seen the namespace is quiet: the queue watch
