@@ -42,18 +42,49 @@ async fn orders_of(app: &TestApp, product: i64) -> Vec<(i64, String)> {
         .expect("orders")
 }
 
+/// A product's last unit, sold in Redis to user 1, whose purchase is still on its way, on a
+/// service that looks for compensations every 50 ms.
+struct LastUnit {
+    app: TestApp,
+    product: i64,
+    /// User 1's purchase, not yet published.
+    genuine: OrderMessage,
+    /// Its request id.
+    request_id: String,
+    /// The product's ledger version once the unit was sold.
+    version: i64,
+}
+
+impl LastUnit {
+    async fn on_its_way() -> Self {
+        let app = spawn_app_with(TestNamespace::new(), |s| {
+            s.compensation_poll = Duration::from_millis(50);
+        })
+        .await;
+        let product = app.product(1).await;
+        let genuine = app.message(product, 1);
+        let request_id = genuine.request_id.to_string();
+        sold_in_redis(&app, product, &[(1, request_id.clone())]).await;
+        let version = ledger_version(&app, product).await;
+        Self {
+            app,
+            product,
+            genuine,
+            request_id,
+            version,
+        }
+    }
+}
+
 #[tokio::test]
 async fn ignoring_a_dead_letter_refused_for_its_signature_gives_up_nothing() {
-    let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.compensation_poll = Duration::from_millis(50);
-    })
-    .await;
-    // The last unit, sold in Redis to user 1, whose purchase is still on its way.
-    let product = app.product(1).await;
-    let genuine = app.message(product, 1);
-    let request_id = genuine.request_id.to_string();
-    sold_in_redis(&app, product, &[(1, request_id.clone())]).await;
-    let version = ledger_version(&app, product).await;
+    let LastUnit {
+        mut app,
+        product,
+        genuine,
+        request_id,
+        version,
+    } = LastUnit::on_its_way().await;
     // A forger names user 5 (unsigned), and user 6 under the genuine purchase's request id
     // (signed with another key).
     let unsigned = app.message(product, 5);
@@ -334,16 +365,13 @@ async fn an_unsigned_purchase_redriven_after_the_upgrade_stays_the_purchases_ent
 
 #[tokio::test]
 async fn a_forgery_published_to_the_dead_letter_exchange_is_one_whatever_reason_it_claims() {
-    let mut app = spawn_app_with(TestNamespace::new(), |s| {
-        s.compensation_poll = Duration::from_millis(50);
-    })
-    .await;
-    // The last unit, sold in Redis to user 1, whose purchase is still on its way.
-    let product = app.product(1).await;
-    let genuine = app.message(product, 1);
-    let request_id = genuine.request_id.to_string();
-    sold_in_redis(&app, product, &[(1, request_id.clone())]).await;
-    let version = ledger_version(&app, product).await;
+    let LastUnit {
+        mut app,
+        product,
+        genuine,
+        version,
+        ..
+    } = LastUnit::on_its_way().await;
     // Dead letters order-service never gave up, published straight to the dead-letter
     // exchange with reasons of purchases that hold a unit: user 5's unsigned, user 6's
     // signed with another key.
