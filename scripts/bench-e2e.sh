@@ -162,7 +162,6 @@ trap 'exit 130' INT TERM
 # The stacks: one (main) or two (main and base), each in its own namespace.
 
 per_run_secrets
-HIGH=1000000
 declare -A GW_PORT GW_ADMIN API ORD NS PID_GW PID_API PID_ORD DIR
 
 start_service() { # start_service STACK BIN LOG VAR=VALUE...: in the background, pid in STARTED
@@ -197,24 +196,15 @@ start_stack() { # start_stack NAME DIR
     PID_API[$name]=$STARTED
     start_service "$name" order-service "$log-order-service.log" "${common[@]}"
     PID_ORD[$name]=$STARTED
+    local gateway_settings
+    mapfile -t gateway_settings < <(bench_gateway_settings "$connections")
     start_service "$name" gateway "$log-gateway.log" "${common[@]}" \
         SECKILL_GATEWAY_HOST=127.0.0.1 \
         SECKILL_GATEWAY_PORT="${GW_PORT[$name]}" \
         SECKILL_GATEWAY_ADMIN_PORT="${GW_ADMIN[$name]}" \
         SECKILL_GATEWAY_SECKILL_API_URLS="http://127.0.0.1:${API[$name]}" \
         SECKILL_GATEWAY_ORDER_SERVICE_URLS="http://127.0.0.1:${ORD[$name]}" \
-        SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
-        SECKILL_GATEWAY_RATE_LIMIT_ENABLED=true \
-        SECKILL_GATEWAY_RATE_LIMIT_BACKEND=memory \
-        SECKILL_GATEWAY_RATE_DEFAULT_PER_SEC=$HIGH \
-        SECKILL_GATEWAY_RATE_DEFAULT_BURST=$HIGH \
-        SECKILL_GATEWAY_RATE_PURCHASE_PER_SEC=$HIGH \
-        SECKILL_GATEWAY_RATE_PURCHASE_BURST=$HIGH \
-        SECKILL_GATEWAY_RATE_UNVERIFIED_PER_SEC=$HIGH \
-        SECKILL_GATEWAY_RATE_UNVERIFIED_BURST=$HIGH \
-        SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024)) \
-        SECKILL_GATEWAY_MAX_CONNECTIONS_PER_IP=$((connections + 64)) \
-        SECKILL_GATEWAY_LOG_FILTER=warn
+        "${gateway_settings[@]}"
     PID_GW[$name]=$STARTED
     local svc pid url
     for svc in seckill-api order-service gateway; do

@@ -186,32 +186,23 @@ say "nginx proxy: 127.0.0.1:$NGINX_PORT (pid $PROXY_PID)"
 # Secrets: the caller's, else fresh random ones (the gateway refuses the public defaults);
 # seckill-token below signs with the same exported SECKILL_JWT_SECRET.
 per_run_secrets
-# The gateway: JWT (HS256, the run's secret), in-memory rate limits
-# on with quotas far above what wrk can send, so every request pays for the check but none is
-# refused. Everything else at its defaults. SECKILL_CONFIG and RUST_LOG of the caller would
+# The gateway: lib.sh's bench_gateway_settings (JWT on HS256 with the run's secret, in-memory
+# rate limits far above what wrk can send, so every request pays for the check but none is
+# refused); everything else at its defaults. SECKILL_CONFIG and RUST_LOG of the caller would
 # change what is measured, so they are dropped.
-HIGH=1000000
 # start_gateway NAME BINARY PORT ADMIN_PORT: starts a gateway, waits until it is ready; its
 # pid goes to `pids` and to NAME_PID. Readiness is asked on the operator port, or on the
 # public one for a baseline built before the operator listener existed.
 start_gateway() {
-    local name=$1 bin=$2 port=$3 admin=$4 pid
+    local name=$1 bin=$2 port=$3 admin=$4 pid gateway_settings
+    mapfile -t gateway_settings < <(bench_gateway_settings "$connections")
     env -u SECKILL_CONFIG -u RUST_LOG \
         SECKILL_HOST=127.0.0.1 \
         SECKILL_GATEWAY_PORT="$port" \
         SECKILL_GATEWAY_ADMIN_PORT="$admin" \
         SECKILL_GATEWAY_SECKILL_API_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
         SECKILL_GATEWAY_ORDER_SERVICE_URLS="http://127.0.0.1:$UPSTREAM_PORT" \
-        SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
-        SECKILL_GATEWAY_RATE_LIMIT_ENABLED=true \
-        SECKILL_GATEWAY_RATE_LIMIT_BACKEND=memory \
-        SECKILL_GATEWAY_RATE_DEFAULT_PER_SEC=$HIGH \
-        SECKILL_GATEWAY_RATE_DEFAULT_BURST=$HIGH \
-        SECKILL_GATEWAY_RATE_PURCHASE_PER_SEC=$HIGH \
-        SECKILL_GATEWAY_RATE_PURCHASE_BURST=$HIGH \
-        SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024)) \
-        SECKILL_GATEWAY_MAX_CONNECTIONS_PER_IP=$((connections + 64)) \
-        SECKILL_GATEWAY_LOG_FILTER=warn \
+        "${gateway_settings[@]}" \
         SECKILL_LOG_FORMAT=json \
         "$bin" </dev/null >"$WORK/$name.log" 2>&1 &
     pid=$!
@@ -253,7 +244,7 @@ done
 status=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 3 "$(url_of gateway)")
 [ "$status" = 401 ] || die "the gateway answered $status without a token: is JWT auth on?"
 curl -fsS -D - -o /dev/null --max-time 3 -H "$AUTH" "$(url_of gateway)" |
-    grep -qi "^x-ratelimit-limit: $HIGH" || die "the gateway's answer has no x-ratelimit-limit: $HIGH"
+    grep -qi "^x-ratelimit-limit: $BENCH_QUOTA" || die "the gateway's answer has no x-ratelimit-limit: $BENCH_QUOTA"
 say "checked: same body on all paths; gateway 401 without a token, rate-limit headers with one"
 
 # ---------------------------------------------------------------------------------------

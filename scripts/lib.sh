@@ -243,3 +243,21 @@ median() {
     sort -g |
         awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
+
+# bench_gateway_settings CONNECTIONS: the gateway's settings for a benchmark, one VAR=VALUE a
+# line: JWT on HS256 (the run's secret), every rate limit on, in memory, with quotas far
+# above what a load tool can send (so every request pays for the check but none is refused),
+# and room for CONNECTIONS connections from one address; warnings only in its log.
+BENCH_QUOTA=1000000
+bench_gateway_settings() {
+    local connections=$1 high=$BENCH_QUOTA limit
+    printf '%s\n' SECKILL_GATEWAY_JWT_ALGORITHM=HS256 \
+        SECKILL_GATEWAY_RATE_LIMIT_ENABLED=true SECKILL_GATEWAY_RATE_LIMIT_BACKEND=memory
+    for limit in DEFAULT PURCHASE UNVERIFIED; do
+        printf '%s\n' "SECKILL_GATEWAY_RATE_${limit}_PER_SEC=$high" \
+            "SECKILL_GATEWAY_RATE_${limit}_BURST=$high"
+    done
+    printf '%s\n' "SECKILL_GATEWAY_MAX_IN_FLIGHT=$((connections * 4 + 1024))" \
+        "SECKILL_GATEWAY_MAX_CONNECTIONS_PER_IP=$((connections + 64))" \
+        SECKILL_GATEWAY_LOG_FILTER=warn
+}
