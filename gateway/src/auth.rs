@@ -14,11 +14,11 @@ use axum::http::StatusCode;
 use hashbrown::HashTable;
 
 use seckill_auth::{ClaimRules, JwtAlgorithm, JwtVerifier};
+use seckill_http1::Response;
 use thread_local::ThreadLocal;
 
 use crate::Settings;
 use crate::error;
-use crate::http1::Response;
 
 const WWW_AUTHENTICATE: &[u8] = b"www-authenticate";
 

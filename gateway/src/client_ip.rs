@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use crate::http1::list_items;
+use seckill_http1::list_items;
 
 /// The proxies in front of the gateway whose `X-Forwarded-For` entries are believed.
 #[derive(Debug, Clone, Default)]

@@ -12,9 +12,9 @@ use seckill_config::{
     ConfigError, DEV_INTERNAL_KEY, DEV_JWT_SECRET, LogFormat, Secret, SecretCheck, Validate,
     validate_namespace,
 };
+use seckill_http1::MAX_HEADERS_CAP;
 
 use crate::client_ip::TrustedProxies;
-use crate::http1::MAX_HEADERS_CAP;
 use crate::proxy::Service;
 use crate::proxy::resolve::{DnsServer, Resolve, SystemResolver};
 

@@ -1,13 +1,13 @@
 //! The gateway's own error responses (its refusals, and its answers for an upstream that
 //! failed or is gone), in the contract's JSON shape (`{"code","message"}`,
-//! see `seckill_http::ErrorBody`), built straight into a [`crate::http1::Response`]: the
+//! see `seckill_http::ErrorBody`), built straight into a [`seckill_http1::Response`]: the
 //! same bytes axum's `Json` would give, without a trip through its body types.
 
 use axum::http::StatusCode;
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::http1::{Response, with_date};
+use seckill_http1::{Response, with_date};
 
 /// `seckill_http::ErrorBody`, borrowed: serialised without copying its strings.
 #[derive(Serialize)]

@@ -11,13 +11,13 @@
 //! Layout:
 //! - [`config`] — settings; [`startup`] — `Application::build` / `run_until_stopped`;
 //!   [`serve`] — the accept loop and the worker threads.
-//! - [`http1`] — HTTP/1.1 on both sides, knowing nothing of the rest: the server (heads,
-//!   framing, keep-alive) generic over a handler, the client for the upstream leg, the
-//!   body readers and header rules both share.
-//! - [`pipeline`] — the request path, in order: the application's `http1::Handler`;
-//!   [`ops`] — the public `/healthz`, and the operator listener (`/metrics`, `/readyz`)
-//!   on loopback; [`error`] — the gateway's own JSON error responses; [`in_flight`] —
-//!   the bounds on requests and purchases under way.
+//! - [`seckill_http1`], a crate of its own — HTTP/1.1 on both sides, knowing nothing of
+//!   the rest: the server (heads, framing, keep-alive) generic over a handler, the client
+//!   for the upstream leg, the body readers and header rules both share.
+//! - [`pipeline`] — the request path, in order: the application's
+//!   [`seckill_http1::Handler`]; [`ops`] — the public `/healthz`, and the operator listener
+//!   (`/metrics`, `/readyz`) on loopback; [`error`] — the gateway's own JSON error
+//!   responses; [`in_flight`] — the bounds on requests and purchases under way.
 //! - [`openapi`] — the public API contract (`docs/openapi.json`, served at `/openapi.json`)
 //!   and the function that builds it from the code.
 //! - [`auth`] — bearer token → verified identity, admin check.
@@ -32,9 +32,6 @@ pub mod auth;
 pub mod client_ip;
 pub mod config;
 pub mod error;
-#[doc(hidden)]
-pub mod fuzzing;
-pub mod http1;
 pub mod in_flight;
 pub mod metrics;
 pub mod openapi;

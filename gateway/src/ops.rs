@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use seckill_http::ErrorBody;
+use seckill_http1::{Incoming, Response, with_date};
 
 use crate::error;
-use crate::http1::{Incoming, Response, with_date};
 
 /// Largest body of an operator endpoint's response (metrics).
 const MAX_LOCAL_BODY: usize = 16 * 1024 * 1024;

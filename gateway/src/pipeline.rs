@@ -1,5 +1,5 @@
 //! The gateway's request path, written out as one function: [`Pipeline`], the
-//! application's [`Handler`] for the HTTP/1.1 server ([`crate::http1::server`]).
+//! application's [`Handler`] for the HTTP/1.1 server ([`seckill_http1::server`]).
 //!
 //! Every request that is not an operator endpoint goes, in this order:
 //!
@@ -47,10 +47,10 @@ use tracing::Instrument;
 
 use seckill_http::layers::{is_usable_request_id, new_request_id_text};
 use seckill_http::request_metrics::{self, method_label};
+use seckill_http1::{BodyState, Framing, Handler, HeadError, Incoming, Kind, Response, Wait};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
-use crate::http1::{BodyState, Framing, Handler, HeadError, Incoming, Kind, Response, Wait};
 use crate::in_flight::{InFlight, Purchases};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
@@ -311,7 +311,7 @@ impl Pipeline {
 }
 
 /// Whether the request carries an `Idempotency-Key` header.
-fn has_idempotency_key(head: &crate::http1::RequestHead) -> bool {
+fn has_idempotency_key(head: &seckill_http1::RequestHead) -> bool {
     head.fields()
         .any(|(name, _, _)| name.eq_ignore_ascii_case(b"idempotency-key"))
 }

@@ -1,5 +1,5 @@
 //! The gateway's accept loop: connections spread over one single-threaded runtime per core,
-//! each served by [`crate::http1`], and drained at shutdown.
+//! each served by [`seckill_http1`], and drained at shutdown.
 //!
 //! Thread per core, as nginx runs: one thread accepts and hands each connection, in turn,
 //! to one of `workers` threads, each running a current-thread runtime. A connection and
@@ -25,8 +25,9 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use seckill_http1::{ConnectionCaps, ConnectionLimits, refuse_connection, serve_connection};
+
 use crate::error;
-use crate::http1::{ConnectionCaps, ConnectionLimits, refuse_connection, serve_connection};
 use crate::pipeline::Pipeline;
 
 /// How long requests under way may take to finish once shutdown began.

@@ -28,9 +28,8 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use seckill_http::SOLD_OUT_HEADER;
+use seckill_http1::{Response, with_date};
 use seckill_store::reopened::{self, Event};
-
-use crate::http1::{Response, with_date};
 
 /// How long a reopened product's generation is kept: longer than any answer decided
 /// before the reopen can take to arrive (the upstream timeout).

@@ -8,10 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 use seckill_auth::IdentitySigner;
 use seckill_http::ops::{self, Probe};
+use seckill_http1::{ConnectionLimits, HeadLimits, Outgoing};
 
 use crate::Settings;
 use crate::auth::{self, Authenticator};
-use crate::http1::{ConnectionLimits, HeadLimits, Outgoing};
 use crate::in_flight::{InFlight, Purchases};
 use crate::pipeline::Pipeline;
 use crate::proxy::upstream::Replica;

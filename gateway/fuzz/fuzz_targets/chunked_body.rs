@@ -1,8 +1,9 @@
-//! The chunked body decoder (`http1::body`, `Connection::read_chunked`) on arbitrary bytes
-//! arriving over a real loopback socket. Beyond "no panic": the outcome (the body, too
-//! large, or refused) is the one a plain reading of RFC 9112 §7.1 with the same strictness
-//! gives (`reference` below), the body is never larger than the limit nor than the bytes
-//! that came, and exactly the chunked message is consumed: what follows stays readable.
+//! The chunked body decoder (`seckill_http1::body`, `Connection::read_chunked`) on
+//! arbitrary bytes arriving over a real loopback socket. Beyond "no panic": the outcome
+//! (the body, too large, or refused) is the one a plain reading of RFC 9112 §7.1 with the
+//! same strictness gives (`reference` below), the body is never larger than the limit nor
+//! than the bytes that came, and exactly the chunked message is consumed: what follows
+//! stays readable.
 //!
 //! Input: two bytes of body limit (little-endian), then the bytes on the wire.
 #![no_main]
@@ -11,13 +12,13 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gateway::http1::{Connection, ReadError};
 use libfuzzer_sys::fuzz_target;
+use seckill_http1::{Connection, ReadError};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 
-/// As `http1::body` has them.
+/// As `seckill_http1::body` has them.
 const MAX_CHUNK_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16 * 1024;
 const MAX_TRAILER_FIELDS: usize = 64;

@@ -1,13 +1,13 @@
-//! The request-head parser (`http1::request`) on arbitrary bytes. Beyond "no panic": what it
-//! accepts is what `httparse` reads from the same bytes (method, version, headers, length;
-//! the target reduced to origin form), the framing it derives follows from the headers, a
-//! prefix of an accepted head is incomplete, never something else, and the head written
-//! again from its parts parses to the same head.
+//! The request-head parser (`seckill_http1::request`) on arbitrary bytes. Beyond "no
+//! panic": what it accepts is what `httparse` reads from the same bytes (method, version,
+//! headers, length; the target reduced to origin form), the framing it derives follows from
+//! the headers, a prefix of an accepted head is incomplete, never something else, and the
+//! head written again from its parts parses to the same head.
 #![no_main]
 
 use bytes::BytesMut;
-use gateway::http1::{Framing, HeadError, HeadLimits, Kind, RequestHead, Version};
 use libfuzzer_sys::fuzz_target;
+use seckill_http1::{Framing, HeadError, HeadLimits, Kind, RequestHead, Version};
 
 /// Small enough that inputs reach both limits (libFuzzer's inputs are up to 4 KiB).
 const LIMITS: HeadLimits = HeadLimits {

@@ -1,17 +1,17 @@
-//! The client's reading of an upstream response head (`http1::client`) on arbitrary bytes.
-//! Beyond "no panic": whatever it accepts, `httparse` accepts with the same length and
-//! status; the header lines it keeps are httparse's, in order, less the hop-by-hop ones,
-//! those `Connection` names and `Content-Length` (unless a HEAD's or a 304's); they
+//! The client's reading of an upstream response head (`seckill_http1::client`) on arbitrary
+//! bytes. Beyond "no panic": whatever it accepts, `httparse` accepts with the same length
+//! and status; the header lines it keeps are httparse's, in order, less the hop-by-hop
+//! ones, those `Connection` names and `Content-Length` (unless a HEAD's or a 304's); they
 //! parse again as they are; and a prefix of a head is incomplete, never something else.
 //!
 //! Input: one byte whose low bit says the request was a `HEAD`, then the bytes on the wire.
 #![no_main]
 
-use gateway::fuzzing::{ResponseHeadView, parse_response_head};
-use gateway::http1::{HopByHop, Kind};
 use libfuzzer_sys::fuzz_target;
+use seckill_http1::fuzzing::{ResponseHeadView, parse_response_head};
+use seckill_http1::{HopByHop, Kind};
 
-/// As `http1::client` has it.
+/// As `seckill_http1::client` has it.
 const MAX_RESPONSE_HEADERS: usize = 100;
 
 fuzz_target!(|data: &[u8]| {

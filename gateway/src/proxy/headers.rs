@@ -12,7 +12,7 @@
 //! the signed identity), any identity header the client sent, `Expect` (answered here), and
 //! the client's framing.
 //!
-//! A response comes back with its end-to-end headers only ([`crate::http1::HopByHop`], the
+//! A response comes back with its end-to-end headers only ([`seckill_http1::HopByHop`], the
 //! same rule as on the way out).
 
 use std::io::Write;
@@ -21,11 +21,11 @@ use std::net::SocketAddr;
 use axum::http::Method;
 
 use seckill_auth::{IdentitySigner, RequestFacts};
+use seckill_http1::{Kind, RequestHead, header_line};
 use seckill_telemetry::TraceParent;
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
-use crate::http1::{Kind, RequestHead, header_line};
 
 /// A request on its way to a replica: everything its bytes are written from.
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +164,7 @@ mod tests {
     use bytes::BytesMut;
 
     use super::*;
-    use crate::http1::HeadLimits;
+    use seckill_http1::HeadLimits;
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

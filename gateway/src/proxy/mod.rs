@@ -4,7 +4,7 @@
 //! Layout: [`upstream`] — replicas (one per address a host name resolves to, re-resolved
 //! by [`resolve`]), round-robin, passive ejection; [`pool`] — each
 //! replica's keep-alive connections, checked out by the request that holds one (the
-//! exchange itself is [`crate::http1::client`]'s); [`headers`] —
+//! exchange itself is [`seckill_http1::client`]'s); [`headers`] —
 //! what the gateway adds to and removes from forwarded headers (`X-Forwarded-*`,
 //! `traceparent`, the signed identity).
 
@@ -19,11 +19,11 @@ use std::time::Duration;
 use axum::http::StatusCode;
 
 use seckill_auth::IdentitySigner;
+use seckill_http1::{BodyError, ExchangeError, Incoming, Outgoing, Response};
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
 use crate::error;
-use crate::http1::{BodyError, ExchangeError, Incoming, Outgoing, Response};
 use headers::Forward;
 pub use headers::TraceContext;
 

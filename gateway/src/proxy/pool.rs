@@ -1,6 +1,6 @@
 //! Connections to one replica: checked out for an exchange, checked back in after it,
 //! closed when idle too long or found closed by the replica. The exchange itself is the
-//! HTTP/1.1 client's ([`crate::http1::client`]); the pool is where it takes its
+//! HTTP/1.1 client's ([`seckill_http1::client`]); the pool is where it takes its
 //! connections from.
 //!
 //! Idle connections are kept per thread (no lock; on a current-thread runtime a socket stays
@@ -16,8 +16,8 @@ use axum::http::uri::Authority;
 use thread_local::ThreadLocal;
 use tokio::net::TcpStream;
 
-use crate::http1::client::{self, ConnectionPool, ExchangeError, Outgoing};
-use crate::http1::{Connection, Probe, Response};
+use seckill_http1::client::{self, ConnectionPool, ExchangeError, Outgoing};
+use seckill_http1::{Connection, Probe, Response};
 
 /// How connections to a replica are made and kept.
 #[derive(Debug, Clone, Copy)]

@@ -2,8 +2,9 @@
 
 use axum::http::StatusCode;
 
+use seckill_http1::Response;
+
 use crate::error;
-use crate::http1::Response;
 
 const X_RATELIMIT_LIMIT: &[u8] = b"x-ratelimit-limit";
 const X_RATELIMIT_REMAINING: &[u8] = b"x-ratelimit-remaining";

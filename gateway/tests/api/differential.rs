@@ -3,13 +3,13 @@
 //! bare LF and CR, NUL, blanks before the colon, framing conflicts, long lines, bad tokens,
 //! odd targets...), named and pseudo-random. Wherever ours accepts a head, httparse reads
 //! the same method, target, version and header list from it. Ours may be stricter (the
-//! framing rules of `http1::request` refuse what httparse reads happily); it must never
-//! be looser: a head only ours reads is one a proxy in front may read differently.
+//! framing rules of `seckill_http1::request` refuse what httparse reads happily); it must
+//! never be looser: a head only ours reads is one a proxy in front may read differently.
 
 mod corpus;
 
 use bytes::BytesMut;
-use gateway::http1::{HeadError, HeadLimits, RequestHead, Version};
+use seckill_http1::{HeadError, HeadLimits, RequestHead, Version};
 
 use crate::raw::{RawClient, gateway_with};
 use corpus::Expect;

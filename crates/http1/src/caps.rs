@@ -1,6 +1,6 @@
 //! Caps on open connections, all clients together and per client address, taken at the
 //! accept and given back when the connection ends: past either, the accept loop answers
-//! `503` and closes instead of serving (see `crate::serve`).
+//! `503` and closes instead of serving (the gateway's `serve`).
 //!
 //! Per address means the TCP peer's address: the cap acts before a byte is read, so an
 //! `X-Forwarded-For` is not known yet, and a header is the client's word anyway. Behind a

@@ -1,5 +1,5 @@
-//! HTTP/1.1, both sides of the gateway, served and spoken without a general-purpose
-//! server or client.
+//! The gateway's HTTP/1.1, both sides, served and spoken without a general-purpose server
+//! or client.
 //!
 //! The gateway forwards requests as bytes — the client's head is parsed once, checked, and
 //! the replica's request written from its slices — and responds likewise, so no request or
@@ -12,9 +12,11 @@
 //! keep-alive, head and idle timeouts ([`server`]), and the lingering close at shutdown
 //! ([`body`]).
 //!
-//! This module knows nothing of the application: the gateway plugs in as a [`Handler`]
+//! This crate knows nothing of the application: the gateway plugs in as a [`Handler`]
 //! (the server side) and a [`ConnectionPool`] (where the client side's connections come
-//! from), both called with static dispatch.
+//! from), both called with static dispatch. It is a crate of its own, not a module of the
+//! gateway, so that the fuzz targets (`gateway/fuzz`) build it alone: instrumented, with
+//! nothing of axum, Redis or OpenTelemetry to compile first.
 //!
 //! Layout:
 //! - [`server`] — one client connection's loop, generic over the [`Handler`];
@@ -25,11 +27,14 @@
 //!   encoding; [`headers`] — header rules both sides share;
 //! - [`body`] — a [`Connection`] (socket and read buffer) and the body readers both sides
 //!   share;
-//! - [`caps`] — the caps on open connections, overall and per client address.
+//! - [`caps`] — the caps on open connections, overall and per client address;
+//! - `fuzzing` (hidden) — what the fuzz targets read that the gateway keeps to itself.
 
 pub mod body;
 pub mod caps;
 pub mod client;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod headers;
 pub mod incoming;
 pub mod request;

@@ -286,8 +286,10 @@ async fn write_within(
         Ok::<(), std::io::Error>(())
     };
     let mut write = std::pin::pin!(write);
-    // Most responses fit the socket buffer: written at once, no timer touched.
-    if let std::task::Poll::Ready(result) = futures_util::poll!(write.as_mut()) {
+    // Most responses fit the socket buffer: written at once, no timer touched. Polled once
+    // (what `futures::poll!` does), with std's `poll_fn` rather than a dependency.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(write.as_mut().poll(cx)));
+    if let std::task::Poll::Ready(result) = first.await {
         return result.is_ok();
     }
     timer.as_mut().reset(Instant::now() + limits.idle_timeout);

@@ -1,8 +1,8 @@
-//! What the fuzz targets (`gateway/fuzz`) need that the gateway keeps to itself: the
+//! What the fuzz targets (`gateway/fuzz`) need that the crate keeps to itself: the
 //! client's reading of an upstream response head. Hidden from the docs and not for the
 //! application: the request head parser and the chunked decoder are public already.
 
-use crate::http1::client;
+use crate::client;
 
 /// A response head as the client read it (see [`parse_response_head`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
