@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Fuzzes the gateway's hand-written HTTP/1.1 parsers with cargo-fuzz (libFuzzer): the
-# request head, the chunked body decoder and the upstream response head; and seckill-auth's
-# HS256 token check against jsonwebtoken (the targets in gateway/fuzz/fuzz_targets), each
-# for a bounded time, one after the other on one core.
+# Fuzzes the gateway's hand-written HTTP/1.1 parsers (crates/http1) with cargo-fuzz
+# (libFuzzer): the request head, the chunked body decoder and the upstream response head;
+# and seckill-auth's HS256 token check against jsonwebtoken (the targets in
+# fuzz/fuzz_targets), each for a bounded time, one after the other on one core.
 #
 #   scripts/fuzz.sh [--seconds N] [target...]     # default: 60 s each, every target
 #
-# Seeds come from gateway/fuzz/corpus/<target> (committed, read only); what the fuzzer adds
+# Seeds come from fuzz/corpus/<target> (committed, read only); what the fuzzer adds
 # goes to $SECKILL_FUZZ_DIR/corpus/<target> and is reused by the next run. A crash or a broken
 # property ends the run non-zero, with the path of the input that did it (replay it with
-# `cargo fuzz run --fuzz-dir gateway/fuzz <target> <path>`).
+# `cargo fuzz run <target> <path>` from the repository root).
 #
 # No nightly toolchain is needed: RUSTC_BOOTSTRAP=1 lets the stable compiler take the -Z
 # flags cargo-fuzz passes. cargo-fuzz is installed (into ~/.cargo/bin) when missing.
@@ -39,7 +39,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install --locked cargo-fuzz
 fi
 
-fuzz_project="$ROOT/gateway/fuzz"
+fuzz_project="$ROOT/fuzz"
 work=${SECKILL_FUZZ_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/fuzz}
 sanitizer=${SECKILL_FUZZ_SANITIZER:-address}
 export RUSTC_BOOTSTRAP=1

@@ -1,6 +1,6 @@
-//! What the fuzz targets (`gateway/fuzz`) need that the crate keeps to itself: the
-//! client's reading of an upstream response head. Hidden from the docs and not for the
-//! application: the request head parser and the chunked decoder are public already.
+//! What the fuzz targets (`fuzz/`) need that the crate keeps to itself: the client's
+//! reading of an upstream response head. Hidden from the docs and not for the application:
+//! the request head parser and the chunked decoder are public already.
 
 use crate::client;
 

@@ -15,8 +15,8 @@
 //! This crate knows nothing of the application: the gateway plugs in as a [`Handler`]
 //! (the server side) and a [`ConnectionPool`] (where the client side's connections come
 //! from), both called with static dispatch. It is a crate of its own, not a module of the
-//! gateway, so that the fuzz targets (`gateway/fuzz`) build it alone: instrumented, with
-//! nothing of axum, Redis or OpenTelemetry to compile first.
+//! gateway, so that the fuzz targets (`fuzz/`) build it alone: instrumented, with nothing
+//! of axum, Redis or OpenTelemetry to compile first.
 //!
 //! Layout:
 //! - [`server`] — one client connection's loop, generic over the [`Handler`];
