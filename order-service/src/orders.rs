@@ -451,27 +451,6 @@ async fn begin(
     Ok(tx)
 }
 
-/// Whether a failed write means the database is unavailable (it cannot be reached, is
-/// shutting down or out of resources): the message is not at fault, so it waits in the queue
-/// (the breaker counts it) without an attempt counted. Every other error counts an attempt
-/// and goes through the retry tiers to a dead letter if it persists — a lock timeout or a
-/// deadlock, but also an error nobody foresaw — so no message is requeued forever.
-pub fn is_database_unavailable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        // 08: connection exception; 53: insufficient resources; 57P01-57P03: the server is
-        // shutting down or starting.
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08") || code.starts_with("53") || code.starts_with("57P0")
-        }),
-        _ => false,
-    }
-}
-
 /// Whether an insert failed because its product does not exist.
 fn is_unknown_product(e: &sqlx::Error) -> bool {
     is_db_code(e, FOREIGN_KEY_VIOLATION) || is_db_code(e, NOT_NULL_VIOLATION)

@@ -1,6 +1,7 @@
 //! The one error type of seckill-api's handlers, mapped to the JSON error contract.
 //!
-//! A failed call to Postgres or Redis is sorted by what a retry would meet:
+//! A failed call to Postgres or Redis is sorted by what a retry would meet
+//! (`seckill_store::postgres::is_transient`, `seckill_store::redis_handle::is_unavailable`):
 //! - a dependency that cannot be reached right now — a connection refused, reset or timed
 //!   out, a pool with no connection to give, a Redis Cluster without a master for the slot, a
 //!   Redis still loading its data, a transaction that lost a race — is `503 unavailable`
@@ -16,6 +17,7 @@ use axum::http::header::RETRY_AFTER;
 use axum::response::{IntoResponse, Response};
 
 use seckill_http::error_response;
+use seckill_store::{postgres, redis_handle};
 
 /// A product's sold-out flag, as it stood when a purchase was refused: the generation under
 /// which it went up. Any unit put back on sale bumps the generation.
@@ -76,14 +78,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// `cause`, a failure of `dependency`: [`Self::DependencyDown`] when it `cannot_reach`
-    /// it, else [`Self::Internal`].
+    /// `cause`, a failure of `dependency`: [`Self::DependencyDown`] when a retry
+    /// `may_succeed`, else [`Self::Internal`].
     fn of_dependency(
         dependency: &'static str,
-        cannot_reach: bool,
+        may_succeed: bool,
         cause: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        if cannot_reach {
+        if may_succeed {
             Self::DependencyDown {
                 dependency,
                 source: anyhow::Error::new(cause),
@@ -94,70 +96,22 @@ impl ApiError {
     }
 }
 
-/// Whether `e` says Postgres cannot be reached right now, rather than that the query or its
-/// answer is wrong.
-fn postgres_unreachable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            let code = code.as_ref();
-            // Connection exceptions; insufficient resources (too many connections, disk
-            // full, out of memory); the server shutting down or starting; its I/O error.
-            code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("57P")
-                || code == "58030"
-                // A statement timeout; a lock not granted in time; a transaction that lost
-                // a race (serialization failure, deadlock); a standby after a failover.
-                || matches!(code, "57014" | "55P03" | "40001" | "40P01" | "25006")
-        }),
-        _ => false,
-    }
-}
-
-/// Whether `e` says Redis cannot be reached right now, rather than that the command, the
-/// script or its answer is wrong.
-fn redis_unreachable(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    match e.kind() {
-        // Refused, reset, timed out, dropped.
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
-        ErrorKind::Server(kind) => matches!(
-            kind,
-            ServerErrorKind::BusyLoading
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::ReadOnly
-                | ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-        ),
-        // A script running past its time limit; a Redis out of memory.
-        ErrorKind::Extension => matches!(e.code(), Some("BUSY" | "OOM")),
-        _ => false,
-    }
-}
-
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        Self::of_dependency("postgres", postgres_unreachable(&e), e)
+        Self::of_dependency("postgres", postgres::is_transient(&e), e)
     }
 }
 
 /// The catalog's cache hands every waiter of one load the same error.
 impl From<std::sync::Arc<sqlx::Error>> for ApiError {
     fn from(e: std::sync::Arc<sqlx::Error>) -> Self {
-        Self::of_dependency("postgres", postgres_unreachable(&e), e)
+        Self::of_dependency("postgres", postgres::is_transient(&e), e)
     }
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
-        Self::of_dependency("redis", redis_unreachable(&e), e)
+        Self::of_dependency("redis", redis_handle::is_unavailable(&e), e)
     }
 }
 

@@ -7,6 +7,9 @@
 //! pool checks each connection out with a `PING` and hands it back with an `UNWATCH`, two
 //! round trips for every command, which measured as most of a purchase's Redis time. All
 //! connections open lazily on first use, so a service can start before Redis is reachable.
+//!
+//! [`is_unavailable`] tells a Redis that cannot serve right now from a command, a script or
+//! an answer that is wrong.
 
 use std::time::Duration;
 
@@ -213,5 +216,84 @@ impl RedisConn {
             }
         };
         wait.satisfied_by(&reply)
+    }
+}
+
+/// Whether `e` says Redis cannot serve right now, rather than that the command, the script
+/// or its answer is wrong: refused, reset, timed out or dropped; a cluster without a
+/// connection to the slot's node, without a master for it, or moving it; a server still
+/// loading its data or demoted to a replica; a script running past its time limit; a Redis
+/// out of memory. The same command may succeed once it is back.
+pub fn is_unavailable(e: &RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
+        ErrorKind::Server(kind) => matches!(
+            kind,
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        ),
+        ErrorKind::Extension => matches!(e.code(), Some("BUSY" | "OOM")),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The classification of the errors redis-rs gives, the server's built from the reply
+    //! Redis would send.
+
+    use std::io::ErrorKind;
+
+    use super::*;
+
+    /// The error Redis answers with `line` (an error reply without its `-` and `CRLF`).
+    fn replied(line: &str) -> RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .expect("an error reply parses");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    #[test]
+    fn a_redis_that_cannot_be_reached_or_cannot_serve_is_unavailable() {
+        let unavailable = [
+            RedisError::from(std::io::Error::from(ErrorKind::ConnectionRefused)),
+            RedisError::from(std::io::Error::from(ErrorKind::ConnectionReset)),
+            RedisError::from(std::io::Error::from(ErrorKind::TimedOut)),
+            RedisError::from((redis::ErrorKind::ClusterConnectionNotFound, "no node")),
+            replied("LOADING Redis is loading the dataset in memory"),
+            replied("TRYAGAIN Multiple keys request during rehashing of slot"),
+            replied("CLUSTERDOWN The cluster is down"),
+            replied("MASTERDOWN Link with MASTER is down"),
+            replied("READONLY You can't write against a read only replica."),
+            replied("MOVED 3999 127.0.0.1:6381"),
+            replied("ASK 3999 127.0.0.1:6381"),
+            replied("BUSY Redis is busy running a script."),
+            replied("OOM command not allowed when used memory > 'maxmemory'."),
+        ];
+        for e in unavailable {
+            assert!(is_unavailable(&e), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_command_script_or_answer_that_is_wrong_is_not_unavailable() {
+        let wrong = [
+            replied("ERR broken invariant"),
+            replied("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            replied("NOSCRIPT No matching script."),
+            replied("CROSSSLOT Keys in request don't hash to the same slot"),
+            replied("NOPERM this user has no permissions to run the 'eval' command"),
+            RedisError::from((redis::ErrorKind::UnexpectedReturnType, "not an integer")),
+            RedisError::from((redis::ErrorKind::Parse, "bad reply")),
+        ];
+        for e in wrong {
+            assert!(!is_unavailable(&e), "{e}");
+        }
     }
 }

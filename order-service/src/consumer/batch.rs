@@ -9,7 +9,7 @@ use lapin::options::BasicRejectOptions;
 use tracing::Instrument as _;
 
 use seckill_messaging::OrderMessage;
-use seckill_store::PurchaseResult;
+use seckill_store::{PurchaseResult, postgres};
 
 use super::OrderConsumer;
 use super::delivery::{Exhausted, Out};
@@ -171,9 +171,13 @@ impl OrderConsumer {
             .await;
         drop(inserts);
         metrics::histogram!("order_write_seconds").record(started.elapsed().as_secs_f64());
-        // Only the database being unavailable counts against it; a message's own trouble
-        // (a lock timeout) does not.
-        let unavailable = matches!(&recorded, Err(e) if orders::is_database_unavailable(e));
+        // Only the database being unavailable (it cannot be reached, is shutting down or out
+        // of resources) counts against it; a message's own trouble (a lock timeout, a
+        // deadlock) does not. An unavailable database is not the messages' fault either: they
+        // wait in the queue without an attempt counted. Every other error counts an attempt
+        // and goes through the retry tiers to a dead letter if it persists — a lock timeout
+        // or a deadlock, but also an error nobody foresaw — so no message is requeued forever.
+        let unavailable = matches!(&recorded, Err(e) if postgres::is_unavailable(e));
         self.breaker.record(permit, unavailable);
         match recorded {
             Ok(outcomes) => {
@@ -185,7 +189,7 @@ impl OrderConsumer {
                 );
                 futures_util::future::join_all(settles).await;
             }
-            Err(e) if !orders::is_database_unavailable(&e) => {
+            Err(e) if !postgres::is_unavailable(&e) => {
                 tracing::warn!(error = %e, count = msgs.len(), "order batch failed, retrying");
                 let error = e.to_string();
                 let retries = parsed.iter().zip(&spans).map(|((delivery, _), span)| {
