@@ -4,6 +4,7 @@ mod batches;
 mod breaker;
 mod compensation;
 mod consume;
+mod errors;
 mod forged;
 mod helpers;
 mod lifecycle_metrics;
