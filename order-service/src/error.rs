@@ -1,6 +1,18 @@
 //! The one error type of order-service's HTTP handlers, mapped to the JSON error contract
-//! (`{"code", "message"}`, DESIGN.md §2). A 5xx answer is generic: its cause is logged here,
-//! once, and never sent to the client.
+//! (`{"code", "message"}`, DESIGN.md §2).
+//!
+//! A failed call to Postgres or Redis is sorted by what a retry would meet, as seckill-api
+//! sorts it (`seckill_store::postgres::is_transient`, `seckill_store::redis_handle::
+//! is_unavailable`):
+//! - a dependency that cannot be reached right now, or a statement that lost a race (a lock
+//!   not granted in time, a deadlock) — and a redrive the broker refused or failed — is
+//!   `503 unavailable` with `Retry-After`: a retry may well succeed;
+//! - anything else — a query Postgres rejects, a row that does not decode, a handler's task
+//!   that panicked — is a bug or a broken invariant, `500 internal`, which a retry would meet
+//!   again.
+//!
+//! Either way the cause stays typed in the error (its `source`) and is logged once, with its
+//! chain, when the error is answered; the client sees only the code and a fixed message.
 
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode};
@@ -29,12 +41,6 @@ pub enum ApiError {
         /// For a human.
         message: &'static str,
     },
-    /// 503 `unavailable` (+`Retry-After`): Postgres failed.
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    /// 503 `unavailable` (+`Retry-After`): Redis failed.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
     /// 503 `unavailable` (+`Retry-After`): the broker refused or failed a redrive's publish;
     /// `done` entries were redriven (and audited) before it.
     #[error("redrive stopped after {done} entries: {reason}")]
@@ -44,9 +50,58 @@ pub enum ApiError {
         /// What went wrong.
         reason: String,
     },
-    /// 500 `internal`: a handler's task panicked or was cancelled (a bug).
-    #[error("task failed: {0}")]
-    Internal(#[from] tokio::task::JoinError),
+    /// 503 `unavailable` (+`Retry-After`): a dependency cannot be reached right now (see the
+    /// module docs); retry soon.
+    #[error("{dependency} unavailable")]
+    DependencyDown {
+        /// `postgres` or `redis`.
+        dependency: &'static str,
+        /// What its client reported.
+        #[source]
+        source: anyhow::Error,
+    },
+    /// 500 `internal`: a bug, a broken invariant or an unexpected dependency answer; logged,
+    /// never shown.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    /// `cause`, a failure of `dependency`: [`Self::DependencyDown`] when a retry `may_succeed`,
+    /// else [`Self::Internal`].
+    fn of_dependency(
+        dependency: &'static str,
+        may_succeed: bool,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        if may_succeed {
+            Self::DependencyDown {
+                dependency,
+                source: anyhow::Error::new(cause),
+            }
+        } else {
+            Self::Internal(anyhow::Error::new(cause).context(dependency))
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::of_dependency("postgres", seckill_store::postgres::is_transient(&e), e)
+    }
+}
+
+impl From<redis::RedisError> for ApiError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::of_dependency("redis", seckill_store::redis_handle::is_unavailable(&e), e)
+    }
+}
+
+/// A handler's task panicked or was cancelled: a bug.
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        Self::Internal(anyhow::Error::new(e).context("handler task"))
+    }
 }
 
 impl From<ChangeError> for ApiError {
@@ -54,7 +109,7 @@ impl From<ChangeError> for ApiError {
         match e {
             ChangeError::NotFound => Self::OrderNotFound,
             ChangeError::Conflict { code, message } => Self::Conflict { code, message },
-            ChangeError::Database(e) => Self::Database(e),
+            ChangeError::Database(e) => e.into(),
         }
     }
 }
@@ -65,7 +120,7 @@ impl From<ParkingError> for ApiError {
             ParkingError::Unbounded | ParkingError::Invalid(_) => {
                 Self::InvalidRequest(e.to_string())
             }
-            ParkingError::Database(e) => Self::Database(e),
+            ParkingError::Database(e) => e.into(),
             ParkingError::Publish { done, reason } => Self::RedriveStopped { done, reason },
         }
     }
@@ -74,14 +129,15 @@ impl From<ParkingError> for ApiError {
 impl ApiError {
     /// Status, stable code and client-facing message. Causes of 5xx stay in the logs.
     fn parts(&self) -> (StatusCode, &'static str, &str) {
-        const UNAVAILABLE: &str = "temporarily unavailable, retry shortly";
         match self {
             Self::InvalidRequest(message) => (StatusCode::BAD_REQUEST, "invalid_request", message),
             Self::OrderNotFound => (StatusCode::NOT_FOUND, "order_not_found", "no such order"),
             Self::Conflict { code, message } => (StatusCode::CONFLICT, code, message),
-            Self::Database(_) | Self::Redis(_) | Self::RedriveStopped { .. } => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", UNAVAILABLE)
-            }
+            Self::RedriveStopped { .. } | Self::DependencyDown { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "temporarily unavailable, retry shortly",
+            ),
             Self::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -93,12 +149,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code, message) = self.parts();
-        if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(error = %self, "answering 500");
-        } else if status.is_server_error() {
-            tracing::warn!(error = %self, "answering 503");
+        match &self {
+            Self::RedriveStopped { .. } => tracing::warn!(error = %self, "answering 503"),
+            Self::DependencyDown { dependency, source } => {
+                tracing::warn!(dependency, error = format!("{source:#}"), "answering 503")
+            }
+            Self::Internal(cause) => tracing::error!(error = ?cause, "internal error"),
+            _ => {}
         }
+        let (status, code, message) = self.parts();
         let mut response = error_response(status, code, message);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response
@@ -128,16 +187,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_database_failure_answers_a_generic_503_without_its_cause() {
-        let (status, retry_after, body) =
-            answer(sqlx::Error::Protocol("secret cause".into()).into()).await;
+    async fn a_database_that_cannot_be_reached_answers_a_generic_503_without_its_cause() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "secret cause");
+        let (status, retry_after, body) = answer(sqlx::Error::Io(refused).into()).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(retry_after, Some(HeaderValue::from_static("1")));
         assert!(body.contains("\"unavailable\""), "{body}");
         assert!(
-            !body.contains("secret") && !body.contains("database"),
+            !body.contains("secret") && !body.contains("postgres"),
             "{body}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_database_answer_that_is_wrong_answers_a_generic_500_without_retry_after() {
+        let (status, retry_after, body) =
+            answer(sqlx::Error::ColumnNotFound("secret_column".into()).into()).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(retry_after, None);
+        assert!(body.contains("\"internal\""), "{body}");
+        assert!(
+            !body.contains("secret") && !body.contains("postgres"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_reply_from_redis_answers_500_and_a_redis_that_cannot_be_reached_503() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let (status, _, _) = answer(redis::RedisError::from(refused).into()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let wrong = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "secret"));
+        let (status, retry_after, body) = answer(wrong.into()).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(retry_after, None);
+        assert!(!body.contains("secret"), "{body}");
     }
 
     #[tokio::test]
