@@ -48,6 +48,7 @@ async fn view(state: &AppState, product: Product) -> Result<ProductView, ApiErro
         (status = 200, description = "The product.", body = ProductView),
         (status = 400, description = "`invalid_request`: the id is not a positive integer.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -75,6 +76,7 @@ pub async fn get(
     summary = "The 100 newest products",
     responses(
         (status = 200, description = "Newest first.", body = Vec<ProductView>),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -103,6 +105,7 @@ pub async fn list(
         (status = 201, description = "Created.", body = Product),
         (status = 400, description = "`invalid_request`: malformed JSON or a broken rule (the \
             message says which).", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -140,6 +143,7 @@ pub async fn create(
         (status = 400, description = "`invalid_request`: a bad id, malformed JSON, nothing to \
             change, an unknown field (stock and buckets are fixed) or a broken rule.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),

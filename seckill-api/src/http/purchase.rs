@@ -66,6 +66,7 @@ pub struct Accepted {
         (status = 410, description = "`sold_out`.", body = ErrorBody),
         (status = 422, description = "`activity_not_active`: outside the sale window; \
             `idempotency_key_reused`: the key was first used for another product.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` or `ledger_rebuilding` (with `Retry-After`).",
             body = ErrorBody, headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -417,6 +418,7 @@ pub struct ResultBody {
         (status = 200, description = "The caller's purchase, if any.", body = ResultBody),
         (status = 400, description = "`invalid_request`: the id is not a positive integer.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),

@@ -53,6 +53,7 @@ pub struct StockReport {
         (status = 200, description = "The units, accounted for.", body = StockReport),
         (status = 400, description = "`invalid_request`: the id is not a positive integer.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),

@@ -48,6 +48,7 @@ pub struct SetMode {
     summary = "This replica's breaker state and the mode every replica follows",
     responses(
         (status = 200, description = "The breaker.", body = BreakerStatus),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -76,6 +77,7 @@ async fn breaker_status(
     responses(
         (status = 200, description = "The breaker, as set.", body = BreakerStatus),
         (status = 400, description = "`invalid_request`: malformed JSON or an unknown mode.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),

@@ -65,6 +65,7 @@ pub struct ListQuery {
     responses(
         (status = 200, description = "The entries.", body = Vec<Entry>),
         (status = 400, description = "`invalid_request`: an unknown or malformed parameter.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -107,6 +108,7 @@ pub struct AuditQuery {
     responses(
         (status = 200, description = "The audit records.", body = Vec<AuditEntry>),
         (status = 400, description = "`invalid_request`: an unknown or malformed parameter.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -135,6 +137,7 @@ async fn audit(
         (status = 200, description = "What was done (or would be).", body = Report),
         (status = 400, description = "`invalid_request`: malformed JSON, or a selection that \
             names nothing (no ids, product_id or from/to) or is malformed.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -171,6 +174,7 @@ async fn redrive(
         (status = 200, description = "What was done (or would be).", body = Report),
         (status = 400, description = "`invalid_request`: malformed JSON, or a selection that \
             names nothing (no ids, product_id or from/to) or is malformed.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -199,6 +203,7 @@ async fn ignore(
         (status = 200, description = "What was done (or would be).", body = Report),
         (status = 400, description = "`invalid_request`: malformed JSON, or a selection that \
             names nothing (no ids, product_id or from/to) or is malformed.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
@@ -238,6 +243,7 @@ pub struct DryRun {
     responses(
         (status = 200, description = "What was done (or would be).", body = Report),
         (status = 400, description = "`invalid_request`: a malformed event id or parameter.", body = ErrorBody),
+        (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
     ),
