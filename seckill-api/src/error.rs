@@ -119,7 +119,7 @@ impl From<seckill_store::ledger::LedgerError> for ApiError {
     fn from(e: seckill_store::ledger::LedgerError) -> Self {
         match e {
             seckill_store::ledger::LedgerError::Redis(e) => e.into(),
-            unknown => Self::Internal(anyhow::anyhow!("{unknown}")),
+            unknown => Self::Internal(anyhow::Error::new(unknown)),
         }
     }
 }

@@ -188,9 +188,9 @@ impl Idempotency {
                 }
             }
             Ok(Record::Pending { .. }) => Err(ApiError::RequestInProgress),
-            Err(e) => Err(ApiError::Internal(anyhow::anyhow!(
-                "unreadable idempotency record: {e}"
-            ))),
+            Err(e) => Err(ApiError::Internal(
+                anyhow::Error::new(e).context("unreadable idempotency record"),
+            )),
         }
     }
 
