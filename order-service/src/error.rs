@@ -2,8 +2,7 @@
 //! (`{"code", "message"}`, DESIGN.md §2).
 //!
 //! A failed call to Postgres or Redis is sorted by what a retry would meet, as seckill-api
-//! sorts it (`seckill_store::postgres::is_transient`, `seckill_store::redis_handle::
-//! is_unavailable`):
+//! sorts it (`seckill_store::StoreFailure`, which both backends share):
 //! - a dependency that cannot be reached right now, or a statement that lost a race (a lock
 //!   not granted in time, a deadlock) — and a redrive the broker refused or failed — is
 //!   `503 unavailable` with `Retry-After`: a retry may well succeed;
@@ -19,6 +18,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use seckill_http::error_response;
+use seckill_store::StoreFailure;
 
 use crate::orders::ChangeError;
 use crate::parking::ParkingError;
@@ -66,34 +66,26 @@ pub enum ApiError {
     Internal(#[from] anyhow::Error),
 }
 
-impl ApiError {
-    /// `cause`, a failure of `dependency`: [`Self::DependencyDown`] when a retry `may_succeed`,
-    /// else [`Self::Internal`].
-    fn of_dependency(
-        dependency: &'static str,
-        may_succeed: bool,
-        cause: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
-        if may_succeed {
-            Self::DependencyDown {
-                dependency,
-                source: anyhow::Error::new(cause),
+impl From<StoreFailure> for ApiError {
+    fn from(failure: StoreFailure) -> Self {
+        match failure {
+            StoreFailure::Down { dependency, source } => {
+                Self::DependencyDown { dependency, source }
             }
-        } else {
-            Self::Internal(anyhow::Error::new(cause).context(dependency))
+            StoreFailure::Bug(cause) => Self::Internal(cause),
         }
     }
 }
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        Self::of_dependency("postgres", seckill_store::postgres::is_transient(&e), e)
+        StoreFailure::from(e).into()
     }
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
-        Self::of_dependency("redis", seckill_store::redis_handle::is_unavailable(&e), e)
+        StoreFailure::from(e).into()
     }
 }
 

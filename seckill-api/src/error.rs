@@ -1,7 +1,7 @@
 //! The one error type of seckill-api's handlers, mapped to the JSON error contract.
 //!
 //! A failed call to Postgres or Redis is sorted by what a retry would meet
-//! (`seckill_store::postgres::is_transient`, `seckill_store::redis_handle::is_unavailable`):
+//! (`seckill_store::StoreFailure`, which both backends share):
 //! - a dependency that cannot be reached right now — a connection refused, reset or timed
 //!   out, a pool with no connection to give, a Redis Cluster without a master for the slot, a
 //!   Redis still loading its data, a transaction that lost a race — is `503 unavailable`
@@ -17,7 +17,7 @@ use axum::http::header::RETRY_AFTER;
 use axum::response::{IntoResponse, Response};
 
 use seckill_http::error_response;
-use seckill_store::{postgres, redis_handle};
+use seckill_store::StoreFailure;
 
 /// A product's sold-out flag, as it stood when a purchase was refused: the generation under
 /// which it went up. Any unit put back on sale bumps the generation.
@@ -77,41 +77,33 @@ pub enum ApiError {
     Internal(#[from] anyhow::Error),
 }
 
-impl ApiError {
-    /// `cause`, a failure of `dependency`: [`Self::DependencyDown`] when a retry
-    /// `may_succeed`, else [`Self::Internal`].
-    fn of_dependency(
-        dependency: &'static str,
-        may_succeed: bool,
-        cause: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
-        if may_succeed {
-            Self::DependencyDown {
-                dependency,
-                source: anyhow::Error::new(cause),
+impl From<StoreFailure> for ApiError {
+    fn from(failure: StoreFailure) -> Self {
+        match failure {
+            StoreFailure::Down { dependency, source } => {
+                Self::DependencyDown { dependency, source }
             }
-        } else {
-            Self::Internal(anyhow::Error::new(cause).context(dependency))
+            StoreFailure::Bug(cause) => Self::Internal(cause),
         }
     }
 }
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        Self::of_dependency("postgres", postgres::is_transient(&e), e)
+        StoreFailure::from(e).into()
     }
 }
 
 /// The catalog's cache hands every waiter of one load the same error.
 impl From<std::sync::Arc<sqlx::Error>> for ApiError {
     fn from(e: std::sync::Arc<sqlx::Error>) -> Self {
-        Self::of_dependency("postgres", postgres::is_transient(&e), e)
+        StoreFailure::from(e).into()
     }
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
-        Self::of_dependency("redis", redis_handle::is_unavailable(&e), e)
+        StoreFailure::from(e).into()
     }
 }
 

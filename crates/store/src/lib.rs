@@ -3,6 +3,7 @@
 //!
 //! Layout:
 //! - [`postgres`] — connect with retry, create the configured database, run migrations.
+//! - [`failure`] — a failed store call sorted as every service answers it: outage or bug.
 //! - [`keys`] — every Redis key, namespaced, with one hash tag per product.
 //! - [`ledger`] — the Redis stock ledger: what every bucket key and marker means, every Lua
 //!   script that changes them, and a typed [`ledger::Ledger`] handle on them.
@@ -15,6 +16,7 @@
 
 #[cfg(feature = "failpoints")]
 mod failpoints;
+pub mod failure;
 pub mod keys;
 pub mod ledger;
 pub mod postgres;
@@ -23,6 +25,7 @@ pub mod redis_handle;
 pub mod reopened;
 pub mod result;
 
+pub use failure::StoreFailure;
 pub use keys::{RedisKeys, home_bucket};
 pub use redis_handle::{Redis, RedisConn, WaitFor};
 pub use result::PurchaseResult;
