@@ -19,7 +19,8 @@
 # SECKILL_TEST_FUZZ_SECONDS (default 20) per target (`scripts/fuzz.sh`; its long run is a
 # documented command of its own); SECKILL_TEST_FUZZ=0 skips it, =1 runs it with arguments too.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
-# It ends with the slowest tests, then `tests: N passed, N failed`; after a failed run, first
+# It ends with the slowest tests and the wall time of each step, then
+# `tests: N passed, N failed`; after a failed run, first
 # with a list of what failed, so that the tail of a long log names it.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -81,10 +82,20 @@ done
 if ((${#features[@]} > 0)); then
   scope+=(--features "$(IFS=,; echo "${features[*]}")")
 fi
+# Where the run's time goes: each step's wall time, listed at the end.
+step_times=()
+step_name=
+step_started=$SECONDS
+step() { # step NAME: ends the step under way, if any, and starts NAME ("" starts none)
+  [ -z "$step_name" ] || step_times+=("$step_name $((SECONDS - step_started)) s")
+  step_name=$1
+  step_started=$SECONDS
+}
 # The Kubernetes manifests, rendered and checked offline (a few seconds), for the whole
 # suite; SECKILL_TEST_KUBERNETES=0 skips it, =1 runs it with arguments too.
 kubernetes=${SECKILL_TEST_KUBERNETES:-$((($# == 0) ? 1 : 0))}
 if [ "$kubernetes" = 1 ]; then
+  step "kubernetes"
   say "the Kubernetes manifests: scripts/check-kubernetes.sh"
   kubernetes_status=0
   "$SCRIPTS/check-kubernetes.sh" 2>&1 | tee -a "$log" || kubernetes_status=$?
@@ -107,6 +118,7 @@ for mode in $modes; do
       ;;
     *) die "unknown Redis mode '$mode' (single or cluster)" ;;
   esac
+  step "Redis $mode pass (its build included)"
   say "cargo nextest run --profile $profile ${scope[*]-} $* (Redis: $mode)"
   # The pass, in the log too: the list of failures at the end says which one failed.
   echo "test pass: Redis $mode" >>"$log"
@@ -116,6 +128,7 @@ for mode in $modes; do
 done
 # nextest runs no doc-tests: cargo's own runner does, once (they touch no server).
 if ((${#packages[@]} == 0)) && [[ " $* " != *" -E "* ]]; then
+  step "doc-tests"
   say "cargo test --doc ${scope[*]-}"
   cargo test --doc "${scope[@]}" 2>&1 | tee -a "$log" || status=$?
 fi
@@ -125,6 +138,7 @@ if [ "$chaos" = 1 ]; then
   # an integration test) are the ones to run; after a subset, chaos.sh builds them.
   chaos_args=(--debug-build --fast)
   ((${#packages[@]} > 0)) || chaos_args+=(--prebuilt)
+  step "fault matrix"
   say "fault matrix, fast scenarios: scripts/chaos.sh ${chaos_args[*]}"
   chaos_status=0
   "$SCRIPTS/chaos.sh" "${chaos_args[@]}" 2>&1 | tee -a "$log" || chaos_status=$?
@@ -137,6 +151,7 @@ fi
 fuzz=${SECKILL_TEST_FUZZ:-$((($# == 0) ? 1 : 0))}
 if [ "$fuzz" = 1 ]; then
   fuzz_seconds=${SECKILL_TEST_FUZZ_SECONDS:-20}
+  step "fuzzing (its build included)"
   say "the HTTP/1.1 parsers and the HS256 check fuzzed: scripts/fuzz.sh --seconds $fuzz_seconds"
   fuzz_status=0
   "$SCRIPTS/fuzz.sh" --seconds "$fuzz_seconds" 2>&1 | tee -a "$log" || fuzz_status=$?
@@ -145,6 +160,7 @@ if [ "$fuzz" = 1 ]; then
     grep -Eq '^fuzz: [0-9]+ passed, [0-9]+ failed$' "$log" || echo "fuzz: 0 passed, 1 failed" | tee -a "$log"
   fi
 fi
+step ""
 # nextest's summary of each pass (`Summary [...] N tests run: P passed (S slow), F failed,
 # ...`), cargo's doc-test results, and the chaos and fuzz totals.
 totals=$(awk '
@@ -176,6 +192,10 @@ failures=$(awk '
   }
   /^(FAIL|ERROR): test|^FAIL |^fuzz: .+ FAILED|^seckill-chaos: |^error(\[E[0-9]+\])?: / { print }
 ' "$log" | awk '!seen[$0]++' | head -n 60 || true)
+if ((${#step_times[@]} > 0)); then
+  echo "time per step:"
+  printf '  %s\n' "${step_times[@]}"
+fi
 if ((status != 0)) && [ -n "$failures" ]; then
   echo "failures:"
   sed 's/^/  /' <<<"$failures"
