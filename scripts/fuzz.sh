@@ -5,6 +5,8 @@
 # fuzz/fuzz_targets), each for a bounded time, one after the other on one core.
 #
 #   scripts/fuzz.sh [--seconds N] [target...]     # default: 60 s each, every target
+#   scripts/fuzz.sh --build-only [target...]      # build them and stop (the suite builds
+#                                                 # them while its tests run)
 #
 # Seeds come from fuzz/corpus/<target> (committed, read only); what the fuzzer adds
 # goes to $SECKILL_FUZZ_DIR/corpus/<target> and is reused by the next run. A crash or a broken
@@ -21,9 +23,11 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 seconds=60
+build_only=0
 targets=()
 while (($#)); do
   case $1 in
+    --build-only) build_only=1; shift ;;
     --seconds) seconds=${2:?--seconds needs a number}; shift 2 ;;
     --seconds=*) seconds=${1#--seconds=}; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -53,6 +57,7 @@ say "building ${targets[*]} (sanitizer: $sanitizer)"
 for target in "${targets[@]}"; do
   "${fuzz[@]}" build "${common[@]}" "$target"
 done
+((build_only == 0)) || exit 0
 
 status=0
 passed=0

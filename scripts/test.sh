@@ -16,8 +16,9 @@
 # its own stores, a few minutes);
 # SECKILL_TEST_CHAOS=0 skips it, =1 runs it with arguments too.
 # Last, likewise, the HTTP/1.1 parsers and the HS256 token check fuzzed for
-# SECKILL_TEST_FUZZ_SECONDS (default 20) per target (`scripts/fuzz.sh`; its long run is a
-# documented command of its own); SECKILL_TEST_FUZZ=0 skips it, =1 runs it with arguments too.
+# SECKILL_TEST_FUZZ_SECONDS (default 20) per target (`scripts/fuzz.sh`, its instrumented
+# build run beside the tests; its long run is a documented command of its own);
+# SECKILL_TEST_FUZZ=0 skips it, =1 runs it with arguments too.
 # Set TEST_LOG=1 to see the services' logs in failing tests.
 # It ends with the slowest tests and the wall time of each step, then
 # `tests: N passed, N failed`; after a failed run, first
@@ -35,7 +36,10 @@ modes=${SECKILL_TEST_REDIS_MODES:-single cluster}
 log=
 # A cluster this run started (or had to rebuild) is stopped at the end; a healthy one stays.
 started_cluster=0
+# The fuzz build started in the background (below), when the run ends before it.
+fuzz_build_pid=
 cleanup() {
+  [ -z "$fuzz_build_pid" ] || kill -- "-$fuzz_build_pid" 2>/dev/null || true
   [ -z "$log" ] || rm -f "$log" "$log".*.xml
   if ((started_cluster)); then
     "$SCRIPTS/redis-cluster.sh" stop >/dev/null 2>&1 || true
@@ -105,6 +109,19 @@ if [ "$kubernetes" = 1 ]; then
       echo "kubernetes: 0 passed, 1 failed" | tee -a "$log"
   fi
 fi
+# The test binaries, built once for both passes.
+step "test build"
+say "cargo nextest run --no-run ${scope[*]-} $*"
+cargo nextest run --no-run "${scope[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
+fuzz=${SECKILL_TEST_FUZZ:-$((($# == 0) ? 1 : 0))}
+if [ "$fuzz" = 1 ]; then
+  # The fuzz targets' instrumented build (a target dir of its own) goes on while the tests
+  # run: they wait on servers more than they use the CPU.
+  fuzz_build_log=$(mktemp)
+  # A process group of its own, so that an early end stops cargo with it.
+  setsid "$SCRIPTS/fuzz.sh" --build-only >"$fuzz_build_log" 2>&1 &
+  fuzz_build_pid=$!
+fi
 for mode in $modes; do
   case "$mode" in
     single)
@@ -118,7 +135,7 @@ for mode in $modes; do
       ;;
     *) die "unknown Redis mode '$mode' (single or cluster)" ;;
   esac
-  step "Redis $mode pass (its build included)"
+  step "Redis $mode pass"
   say "cargo nextest run --profile $profile ${scope[*]-} $* (Redis: $mode)"
   # The pass, in the log too: the list of failures at the end says which one failed.
   echo "test pass: Redis $mode" >>"$log"
@@ -148,13 +165,22 @@ if [ "$chaos" = 1 ]; then
     grep -Eq '^chaos: [0-9]+ passed, [0-9]+ failed$' "$log" || echo "chaos: 0 passed, 1 failed" | tee -a "$log"
   fi
 fi
-fuzz=${SECKILL_TEST_FUZZ:-$((($# == 0) ? 1 : 0))}
 if [ "$fuzz" = 1 ]; then
   fuzz_seconds=${SECKILL_TEST_FUZZ_SECONDS:-20}
-  step "fuzzing (its build included)"
+  step "fuzzing (the rest of its build included)"
   say "the HTTP/1.1 parsers and the HS256 check fuzzed: scripts/fuzz.sh --seconds $fuzz_seconds"
   fuzz_status=0
-  "$SCRIPTS/fuzz.sh" --seconds "$fuzz_seconds" 2>&1 | tee -a "$log" || fuzz_status=$?
+  # The build started before the tests: its log, and its failure, count here.
+  wait "$fuzz_build_pid" || fuzz_status=$?
+  fuzz_build_pid=
+  cat "$fuzz_build_log" >>"$log"
+  if ((fuzz_status != 0)); then
+    tail -n 40 "$fuzz_build_log"
+    echo "fuzz: build FAILED" | tee -a "$log"
+  else
+    "$SCRIPTS/fuzz.sh" --seconds "$fuzz_seconds" 2>&1 | tee -a "$log" || fuzz_status=$?
+  fi
+  rm -f "$fuzz_build_log"
   if ((fuzz_status != 0)); then
     status=$fuzz_status
     grep -Eq '^fuzz: [0-9]+ passed, [0-9]+ failed$' "$log" || echo "fuzz: 0 passed, 1 failed" | tee -a "$log"
