@@ -21,6 +21,8 @@
 //!   selections, SQL, redrive publishing and its pace), which the admin routes and the CLI
 //!   list, redrive, ignore and clear.
 //! - [`compensation`] — the payment window and putting given-up units back on sale.
+//! - [`in_flight`] — what of the order flow this replica has in hand, told to Postgres for
+//!   seckill-api's fence after a Redis loss.
 //! - [`metrics`] — the message-lifecycle metrics' names and help; [`queue_watch`] —
 //!   the queues' depth and consumers, read by passive declares.
 //! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
@@ -36,6 +38,7 @@ pub mod error;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod http;
+pub mod in_flight;
 pub mod metrics;
 pub mod orders;
 pub mod parking;

@@ -8,12 +8,14 @@ use lapin::message::Delivery;
 use lapin::options::BasicRejectOptions;
 use tracing::Instrument as _;
 
-use seckill_messaging::OrderMessage;
+use seckill_messaging::{DELIVERY_LIMIT, OrderMessage};
 use seckill_store::{PurchaseResult, postgres};
 
 use super::OrderConsumer;
 use super::delivery::{Exhausted, Out};
-use super::headers::{attempt_of, delivery_span, retried_at, signature_of, trace_of};
+use super::headers::{
+    attempt_of, delivery_count, delivery_span, retried_at, signature_of, trace_of,
+};
 use crate::metrics as names;
 use crate::orders;
 
@@ -26,14 +28,15 @@ impl OrderConsumer {
     /// buyer's result written, acked), and only the others are dead-lettered. Deliveries the
     /// batch already finished are left alone: one may be awaiting its (coalesced) ack.
     pub(super) async fn handle_even_on_panic(self, batch: Vec<Delivery>, out: Out) {
+        let tags: Vec<u64> = batch.iter().map(|d| d.delivery_tag).collect();
         let handled = AssertUnwindSafe(self.handle_batch(&batch, &out))
             .catch_unwind()
             .await;
         if handled.is_ok() {
+            out.holdings.released(&tags);
             return;
         }
         tracing::error!("order handler panicked; finishing what it wrote, dead-lettering the rest");
-        let tags: Vec<u64> = batch.iter().map(|d| d.delivery_tag).collect();
         let unsettled = out.acks.still_in_hand(&tags).await;
         let in_hand: Vec<&Delivery> = batch
             .iter()
@@ -47,6 +50,10 @@ impl OrderConsumer {
         }
         let unsettled = out.acks.still_in_hand(&tags).await;
         for delivery in batch.iter().filter(|d| unsettled.contains(&d.delivery_tag)) {
+            if !self.note_passing_on(delivery).await {
+                self.hand_back(&out, delivery).await;
+                continue;
+            }
             if delivery
                 .reject(BasicRejectOptions { requeue: false })
                 .await
@@ -58,6 +65,7 @@ impl OrderConsumer {
             }
             out.acks.settled_elsewhere(delivery.delivery_tag).await;
         }
+        out.holdings.released(&tags);
     }
 
     /// After a panic: finishes each delivery of `in_hand` whose purchase the database holds
@@ -94,6 +102,14 @@ impl OrderConsumer {
 
     /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
     async fn handle_batch(&self, batch: &[Delivery], out: &Out) {
+        for delivery in batch
+            .iter()
+            .filter(|d| delivery_count(d) + 1 >= DELIVERY_LIMIT)
+        {
+            // Should this one crash its consumer too, the broker dead-letters it itself: its
+            // transit is noted first (`crate::in_flight`).
+            let _ = self.note_passing_on(delivery).await;
+        }
         let Some(permit) = self.breaker.try_acquire() else {
             // The breaker is refusing calls (the consumer is pausing, or half-open has all
             // the trial calls it allows): hand the batch back, no attempt counted.

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
@@ -20,6 +20,7 @@ use super::OrderConsumer;
 use super::delivery::Out;
 use crate::ack_window::AckWindow;
 use crate::breaker::State;
+use crate::in_flight::{Holdings, REPORT_EVERY};
 
 impl OrderConsumer {
     /// Runs until `cancel`, reconnecting with backoff when the broker goes away.
@@ -45,12 +46,26 @@ impl OrderConsumer {
         let publisher = ConfirmedPublisher::open(&connection, CONFIRM_TIMEOUT)
             .await
             .context("enable publisher confirms")?;
+        // What this connection holds, reported for seckill-api's fence (`crate::in_flight`).
+        let holdings = Arc::new(Holdings::new(&self.topology.queue));
+        holdings
+            .declare_alive(&channel)
+            .await
+            .context("declare the holder's queue")?;
+        // Reported before anything can be delivered: a connection the fence cannot see
+        // must never hold a delivery.
+        holdings
+            .report(&self.db)
+            .await
+            .context("report the deliveries in hand")?;
+        let reporting = holdings.clone().report_until_dropped(self.db.clone());
         self.connected.store(true, Ordering::Relaxed);
         health.healthy();
         let out = Out {
             publisher: publisher.clone(),
             one_publish: Arc::new(tokio::sync::Mutex::new(())),
             acks: Arc::new(AckWindow::new(channel.clone())),
+            holdings,
         };
 
         let mut in_flight = JoinSet::new();
@@ -97,6 +112,10 @@ impl OrderConsumer {
         };
         while in_flight.join_next().await.is_some() {}
         self.connected.store(false, Ordering::Relaxed);
+        if ended.is_ok() {
+            // Everything was written, passed on or handed back: nothing held any more.
+            reporting.stop().await;
+        }
         publisher.close("order-service stopping").await;
         let _ = channel.close(200, "order-service stopping".into()).await;
         let _ = connection.close(200, "order-service stopping".into()).await;
@@ -116,6 +135,7 @@ impl OrderConsumer {
         cancel: &CancellationToken,
     ) -> anyhow::Result<Run> {
         let tag = format!("order-service-{}", uuid::Uuid::new_v4().simple());
+        out.holdings.consuming(std::time::Instant::now());
         let mut deliveries = channel
             .basic_consume(
                 self.topology.queue.as_str().into(),
@@ -136,6 +156,8 @@ impl OrderConsumer {
         // letter would then fail and be requeued, forever. Checked every second; reconnecting
         // declares the topology again.
         let mut publisher_check = tokio::time::interval(Duration::from_secs(1));
+        let mut sync = tokio::time::interval(REPORT_EVERY);
+        sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let ended = loop {
             tokio::select! {
                 _ = cancel.cancelled() => break Ok(Run::Stopped),
@@ -154,18 +176,36 @@ impl OrderConsumer {
                         break Ok(Run::Restart);
                     }
                 }
+                _ = sync.tick() => {
+                    // Everything the broker sent before `started` is read once this returns.
+                    let started = std::time::Instant::now();
+                    if let Err(e) = Holdings::sync(channel, &self.topology.queue).await {
+                        break Err(anyhow::Error::from(e).context("sync with the broker"));
+                    }
+                    let mut ended = None;
+                    while let Some(next) = deliveries.next().now_or_never() {
+                        match next {
+                            Some(Ok(delivery)) => {
+                                self.gather(delivery, &mut batch, &mut flush_at, in_flight, out).await;
+                            }
+                            Some(Err(e)) => {
+                                ended = Some(anyhow::Error::from(e).context("delivery stream"));
+                                break;
+                            }
+                            None => {
+                                ended = Some(anyhow::anyhow!("delivery stream ended"));
+                                break;
+                            }
+                        }
+                    }
+                    if let Some(e) = ended {
+                        break Err(e);
+                    }
+                    out.holdings.synced(started);
+                }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
-                        out.acks.delivered(delivery.delivery_tag).await;
-                        if batch.is_empty() {
-                            flush_at = tokio::time::Instant::now() + self.batch_linger;
-                        }
-                        batch.push(delivery);
-                        if batch.len() >= self.batch_size {
-                            let full = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
-                            in_flight.spawn(self.clone().handle_even_on_panic(full, out.clone()));
-                            flush_at = idle();
-                        }
+                        self.gather(delivery, &mut batch, &mut flush_at, in_flight, out).await;
                     }
                     Some(Err(e)) => break Err(anyhow::Error::from(e).context("delivery stream")),
                     None => break Err(anyhow::anyhow!("delivery stream ended")),
@@ -191,6 +231,7 @@ impl OrderConsumer {
             let buffered = async {
                 while let Some(Ok(delivery)) = deliveries.next().await {
                     out.acks.delivered(delivery.delivery_tag).await;
+                    out.holdings.received(delivery.delivery_tag, &delivery.data);
                     batch.push(delivery);
                 }
             };
@@ -205,12 +246,15 @@ impl OrderConsumer {
                 ended = Err(anyhow::anyhow!(
                     "consumer did not end within 5 s of its cancel"
                 ));
+            } else {
+                out.holdings.stopped_consuming();
             }
         }
         match ended {
             Ok(Run::Paused) => {
                 for delivery in &batch {
                     self.hand_back(out, delivery).await;
+                    out.holdings.released(&[delivery.delivery_tag]);
                 }
             }
             _ if !batch.is_empty() => {
@@ -219,6 +263,30 @@ impl OrderConsumer {
             _ => {}
         }
         ended
+    }
+}
+
+impl OrderConsumer {
+    /// Takes a delivery into the batch being gathered; a full batch starts at once.
+    async fn gather(
+        &self,
+        delivery: Delivery,
+        batch: &mut Vec<Delivery>,
+        flush_at: &mut tokio::time::Instant,
+        in_flight: &mut JoinSet<()>,
+        out: &Out,
+    ) {
+        out.acks.delivered(delivery.delivery_tag).await;
+        out.holdings.received(delivery.delivery_tag, &delivery.data);
+        if batch.is_empty() {
+            *flush_at = tokio::time::Instant::now() + self.batch_linger;
+        }
+        batch.push(delivery);
+        if batch.len() >= self.batch_size {
+            let full = std::mem::replace(batch, Vec::with_capacity(self.batch_size));
+            in_flight.spawn(self.clone().handle_even_on_panic(full, out.clone()));
+            *flush_at = tokio::time::Instant::now() + Duration::from_secs(3600);
+        }
     }
 }
 

@@ -18,8 +18,11 @@ use seckill_messaging::{
 use seckill_store::PurchaseResult;
 
 use super::OrderConsumer;
-use super::headers::{HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count};
+use super::headers::{
+    HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count, signature_of,
+};
 use crate::ack_window::AckWindow;
+use crate::in_flight::{Holdings, note_in_transit};
 use crate::metrics as names;
 use crate::orders::Recorded;
 use crate::retry::Next;
@@ -132,6 +135,10 @@ impl OrderConsumer {
                     .await;
             }
             Next::Retry { delay_ms, attempt } => {
+                if !self.note_passing_on(delivery).await {
+                    self.requeue(out, delivery).await;
+                    return;
+                }
                 let routing_key = Topology::retry_routing_key(delay_ms);
                 let headers = [
                     (HEADER_ATTEMPT, AMQPValue::LongInt(attempt as i32)),
@@ -183,6 +190,11 @@ impl OrderConsumer {
                 AMQPValue::LongInt(attempt_of(delivery) as i32),
             ),
         ];
+        if !self.note_passing_on(delivery).await {
+            // Unnoted, a dead letter in transit would be invisible to a fence: try later.
+            self.requeue(out, delivery).await;
+            return;
+        }
         let exchange = &self.topology.dead_letter_exchange;
         if self.republish(out, exchange, "", delivery, &headers).await {
             out.acks.ack(delivery.delivery_tag).await;
@@ -195,6 +207,30 @@ impl OrderConsumer {
                 metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
             }
             out.acks.settled_elsewhere(delivery.delivery_tag).await;
+        }
+    }
+
+    /// Notes the purchase a delivery carries as in transit before it is passed on to a retry
+    /// tier or the dead-letter exchange (`crate::in_flight`); true when noted, or when the
+    /// delivery is no genuine purchase (its signature fails or its body does not parse) and
+    /// so holds nothing to note.
+    pub(super) async fn note_passing_on(&self, delivery: &Delivery) -> bool {
+        if self
+            .signer
+            .verify(&delivery.data, signature_of(delivery))
+            .is_err()
+        {
+            return true;
+        }
+        let Ok(msg) = serde_json::from_slice::<OrderMessage>(&delivery.data) else {
+            return true;
+        };
+        match note_in_transit(&self.db, msg.request_id, msg.product_id).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not note a purchase in transit; handing it back");
+                false
+            }
         }
     }
 
@@ -261,6 +297,7 @@ impl OrderConsumer {
                 )
                 .await;
             if recycled {
+                out.holdings.handed_back();
                 metrics::counter!("orders_recycled_total").increment(1);
                 out.acks.ack(delivery.delivery_tag).await;
                 return;
@@ -274,6 +311,7 @@ impl OrderConsumer {
             tracing::warn!(error = %e, "could not requeue delivery");
             metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
         }
+        out.holdings.handed_back();
         out.acks.settled_elsewhere(delivery.delivery_tag).await;
     }
 }
@@ -292,6 +330,8 @@ pub(super) struct Out {
     pub(super) one_publish: Arc<tokio::sync::Mutex<()>>,
     /// Acks of the consuming channel, coalesced.
     pub(super) acks: Arc<AckWindow>,
+    /// What the consuming connection holds, reported for seckill-api's fence.
+    pub(super) holdings: Arc<Holdings>,
 }
 
 /// How a written message is settled once its buyer's result is written.

@@ -7,6 +7,7 @@ mod consume;
 mod errors;
 mod forged;
 mod helpers;
+mod in_flight;
 mod lifecycle_metrics;
 mod ops;
 mod outage;
