@@ -55,7 +55,8 @@ pub struct Settings {
     /// once RabbitMQ confirmed it (else the relay publishes everything, after the answer).
     pub publish_on_accept: bool,
     /// Longest a purchase waits for a channel and the broker's confirm before it answers
-    /// `202` on the strength of the outbox alone (below 6000: see `stock::fence`).
+    /// `202` on the strength of the outbox alone (below 6000: after Redis lost a ledger,
+    /// its fence stands twice this long, see `stock::fence`).
     #[serde(
         rename = "publish_timeout_ms",
         with = "seckill_config::formats::millis"
@@ -66,11 +67,6 @@ pub struct Settings {
     /// purchase that arrives while a batch waits for its confirms joins the next batch, so
     /// the broker confirms more messages at once (docs/benchmarks.md, "accepted path").
     pub publish_channels: usize,
-    /// RabbitMQ's management API (`http://user:password@host:port`), which tells when every
-    /// purchase in flight has landed after Redis lost a product's ledger; empty: port 15672
-    /// on the AMQP URL's host, with its credentials. Sales of such a product answer
-    /// `503 ledger_rebuilding` until then; without the API they stay paused.
-    pub amqp_management_url: String,
     /// Refuse to start when Redis could lose an acknowledged write: `appendonly no`, or a
     /// `maxmemory-policy` other than `noeviction` (read with `CONFIG GET` on the server, or on
     /// every seed node of a cluster; a Redis that refuses `CONFIG` is refused too). Off, such
@@ -135,7 +131,6 @@ impl Default for Settings {
             publish_on_accept: true,
             publish_timeout: Duration::from_millis(1_000),
             publish_channels: 1,
-            amqp_management_url: String::new(),
             require_durable_redis: false,
             redis_wait_replicas: 0,
             redis_wait_aof: false,
@@ -168,8 +163,9 @@ impl Validate for Settings {
         if self.publish_on_accept && self.relay_reclaim_idle <= self.publish_timeout {
             return Err("relay_reclaim_idle_ms must exceed publish_timeout_ms".into());
         }
-        // A fence waits this long for publishes begun before Redis lost a ledger.
-        if self.publish_timeout >= crate::stock::fence::STATS_INTERVAL {
+        // After Redis lost a ledger, a fence stands twice this long for publishes begun
+        // before the loss (`stock::fence::grace`).
+        if self.publish_timeout >= Duration::from_secs(6) {
             return Err("publish_timeout_ms must stay below 6000".into());
         }
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {

@@ -112,9 +112,10 @@ impl Application {
             )
             .with_fence(Fence::new(
                 settings.backend.amqp_url.expose(),
-                &settings.amqp_management_url,
                 &settings.backend.namespace,
-            )?)
+                db.clone(),
+                settings.publish_timeout,
+            ))
             .with_wait(settings.redis_wait()),
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),

@@ -67,7 +67,6 @@ pub const SETTINGS: &[(&str, &[&str])] = &[
     ]),
     ("api", &[
         "allow_dev_secrets",
-        "amqp_management_url",
         "amqp_queue_type",
         "amqp_url",
         "bloom_expected_products",

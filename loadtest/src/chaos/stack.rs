@@ -25,7 +25,7 @@ pub struct Stores {
     pub postgres: OwnPostgres,
     /// The stock ledger, markers, outbox streams; AOF fsynced every second.
     pub redis: OwnRedis,
-    /// The order queues; its management API tells the fence when they are drained.
+    /// The order queues (its management API feeds the books).
     pub broker: OwnBroker,
 }
 
@@ -378,7 +378,6 @@ fn common_env(wiring: &Wiring) -> Vec<(String, String)> {
         ("SECKILL_DATABASE_URL", wiring.database_url.as_str()),
         ("SECKILL_REDIS_URL", &wiring.redis_url),
         ("SECKILL_AMQP_URL", &wiring.amqp_url),
-        ("SECKILL_API_AMQP_MANAGEMENT_URL", &wiring.management_url),
         ("SECKILL_NAMESPACE", &wiring.namespace),
         ("SECKILL_JWT_SECRET", &wiring.jwt_secret),
         ("SECKILL_INTERNAL_KEY", &wiring.internal_key),

@@ -171,8 +171,9 @@ impl std::fmt::Debug for Relay {
 }
 
 const IDLE_TICK: Duration = Duration::from_millis(50);
-/// Longest the relay waits for each confirm of a round before it reconnects (entries stay).
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the relay waits for each confirm of a round before it reconnects (entries stay);
+/// a fence (`stock::fence::grace`) stands at least this long after Redis lost a ledger.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the streams known to hold entries are read again, hinted or not.
 pub const REVISIT_EVERY: Duration = Duration::from_secs(1);
 /// The default `scan_every`: how long an entry nobody hinted (its replica died right after

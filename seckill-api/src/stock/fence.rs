@@ -1,51 +1,84 @@
-//! Redis lost a product's ledger: sell none of it until every purchase in flight has landed.
+//! Redis lost a product's ledger: sell none of it until every purchase of it in flight has
+//! landed.
 //!
 //! A product whose stock was once loaded (`products.ledger_loaded`) and whose buckets
 //! are gone before its keys could have expired was wiped from Redis: a restart without
 //! persistence, a flush, an evicted stock hash. (A failover to a replica that lagged but kept
-//! the bucket hashes is not seen here; docs/DESIGN.md says what guards that.) Loading it again at once
-//! would count only the purchases already in Postgres; those still in the outbox or in
-//! RabbitMQ (accepted, answered `202`) would be sold a second time, and their buyers could
-//! buy twice. So such a load waits until nothing is in flight: the product's outbox streams
-//! are empty and the namespace's order queues (main, retry tiers, dead letters) hold no
-//! message — ready, unacknowledged, or dead-lettered and not yet confirmed by its target —
-//! as RabbitMQ's management API counts them. Until then purchases of the product answer
-//! `503 ledger_rebuilding` with `Retry-After`. Dead letters recorded in Postgres and
-//! unfinished compensations are counted by the load itself (`seckill_store::ledger`).
+//! the bucket hashes is not seen here; docs/DESIGN.md says what guards that.) Loading it again
+//! at once would count only the purchases already in Postgres; those still on their way
+//! (accepted, answered `202`) would be sold a second time, and their buyers could buy twice.
+//! So such a load waits until none of the product's purchases is on its way, and until then
+//! its purchases answer `503 ledger_rebuilding` with `Retry-After`. Landed means in Postgres
+//! as an order or as a dead letter, where the rebuild counts it (`seckill_store::ledger`).
 //!
-//! The management API publishes queue figures every few seconds, so one reading of zero
-//! may be stale: the queues count as drained only after two zero readings at least
-//! [`STATS_INTERVAL`] apart, the first taken once the fence has stood that long (by then
-//! every publish begun before the loss has been confirmed or abandoned).
+//! A purchase on its way is in one of five places; the fence rules each out, in this order:
+//! 1. **a publish begun before the loss**: the fence first stands for [`grace`] (twice the
+//!    publish timeout, which bounds the handlers' publishes and the relay's confirms);
+//! 2. **the product's outbox streams**: they are empty (new purchases of the product are
+//!    refused while the fence stands, so nothing is added to them);
+//! 3. **the main queue**: at a time `t` on Postgres' clock, the queue holds no ready message
+//!    (a passive declare, exact at once, unlike the management API's figures, which lag by
+//!    seconds): every message published before `t` had by then been delivered, or settled;
+//! 4. **an order-service consumer's hands**: every consuming connection (`order_holders`,
+//!    see `order_service::in_flight`) has reported, as of a moment after `t` at which it had
+//!    read everything the broker had sent it, that it holds none of the product's
+//!    deliveries and handed none back since `t`. A connection without such a report counts
+//!    as holding, unless its exclusive queue is gone: the broker closed the connection and
+//!    returned what it held, so its report is deleted and the reading starts again;
+//! 5. **a retry tier or the dead-letter exchange**: no purchase of the product that
+//!    order-service passed on there (`order_transit`, noted before the copy was published)
+//!    is without an order or a dead letter yet.
+//!
+//! So the fence is the product's: other products' deliveries, retries and dead letters
+//! hold nothing, and a product whose purchases have all landed sells again within about
+//! [`grace`] and a third of a second of Redis answering. What it cannot tell apart is a backlog in the
+//! main queue (a paused or overtaken consumer): those messages may be any product's, so a
+//! backlog holds every fenced product until it is delivered.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use reqwest::Url;
-use serde::Deserialize;
+use chrono::{DateTime, Utc};
+use lapin::options::QueueDeclareOptions;
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::FieldTable;
+use sqlx::PgPool;
 
-/// How stale RabbitMQ's queue figures may be (its default statistics interval is 5 s).
-pub const STATS_INTERVAL: Duration = Duration::from_secs(6);
+use seckill_messaging::SignatureError;
 
-/// Counts what is in flight in RabbitMQ and remembers each fenced product's readings.
+/// How long the fence stands at least: publishes begun before the loss have by then been
+/// confirmed or abandoned (a handler's job waits at most `publish_timeout` to be taken and
+/// as long for its confirm; a relay round at most [`crate::relay::CONFIRM_TIMEOUT`]), with
+/// a margin.
+pub fn grace(publish_timeout: Duration) -> Duration {
+    (2 * publish_timeout).max(crate::relay::CONFIRM_TIMEOUT) + Duration::from_millis(500)
+}
+
+/// How long after a quiet reading the consumers' reports are read: long enough for each to
+/// report as of a later moment (they report every 100 ms).
+const REPORTS_AFTER: Duration = Duration::from_millis(300);
+
+/// A hand-back is noted once its nack is sent; the broker acts on it a moment later.
+const HAND_BACK_MARGIN: Duration = Duration::from_secs(1);
+
+/// Remembers each fenced product's readings and asks Postgres and the broker.
 #[derive(Debug)]
 pub struct Fence {
-    http: reqwest::Client,
-    /// `<management>/api/queues/<vhost>`.
-    queues: Url,
-    user: String,
-    password: String,
-    /// Queues of the order flow start with this.
-    prefix: String,
+    amqp_url: String,
+    /// The queue order-service consumes.
+    queue: String,
+    db: PgPool,
+    grace: Duration,
+    /// One connection for the fence's questions, opened when first needed.
+    connection: tokio::sync::Mutex<Option<lapin::Connection>>,
     readings: Mutex<HashMap<i64, Readings>>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Readings {
     since: Instant,
-    first_zero: Option<Instant>,
     /// When the last check answered "not yet" (purchases meanwhile are refused at once).
     refused_at: Option<Instant>,
 }
@@ -57,77 +90,42 @@ const RECHECK_AFTER: Duration = Duration::from_millis(500);
 /// reading never speaks for a new loss.
 const FORGOTTEN_AFTER: Duration = Duration::from_secs(12);
 
-#[derive(Debug, Deserialize)]
-struct Queue {
-    name: String,
-    /// Ready plus unacknowledged, plus for a quorum queue the dead letters it keeps until
-    /// their target confirmed them (`messages_dlx`, `at-least-once`: counted in `messages`
-    /// from RabbitMQ 3.10 on); absent until the broker has figures for the queue.
-    messages: Option<u64>,
+/// What the consumers' reports say of a product.
+#[derive(Debug, PartialEq, Eq)]
+enum Holders {
+    /// None holds it, none handed anything back, all reported after the reading.
+    Clear,
+    /// One holds it, handed something back, or has not reported since (and lives).
+    Busy,
+    /// These connections are closed: their reports are deleted, the reading is void.
+    Gone(Vec<uuid::Uuid>),
 }
 
 impl Fence {
-    /// A fence reading the management API at `management_url` (empty: port 15672 on the
-    /// AMQP URL's host, with its user, password and vhost).
-    pub fn new(amqp_url: &str, management_url: &str, namespace: &str) -> anyhow::Result<Self> {
-        let amqp = Url::parse(amqp_url).context("parse the AMQP URL")?;
-        let vhost = match amqp.path().trim_start_matches('/') {
-            "" => "/".to_string(),
-            encoded => percent_decode(encoded),
-        };
-        let mut base = if management_url.is_empty() {
-            let host = amqp.host_str().unwrap_or("127.0.0.1");
-            Url::parse(&format!("http://{host}:15672")).context("management URL")?
-        } else {
-            Url::parse(management_url).context("parse the management URL")?
-        };
-        let source = if management_url.is_empty() {
-            &amqp
-        } else {
-            &base
-        };
-        let user = percent_decode(source.username());
-        let password = percent_decode(source.password().unwrap_or_default());
-        let _ = base.set_username("");
-        let _ = base.set_password(None);
-        let mut queues = base;
-        queues
-            .path_segments_mut()
-            .map_err(|()| anyhow::anyhow!("the management URL cannot take a path"))?
-            .pop_if_empty()
-            .extend(["api", "queues", &vhost]);
-        Ok(Self {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(3))
-                .build()?,
-            queues,
-            user: if user.is_empty() {
-                "guest".into()
-            } else {
-                user
-            },
-            password: if password.is_empty() {
-                "guest".into()
-            } else {
-                password
-            },
-            prefix: format!("{namespace}.orders"),
+    /// A fence for the namespace's order queues on the broker at `amqp_url`, waiting
+    /// [`grace`]`(publish_timeout)` at least.
+    pub fn new(amqp_url: &str, namespace: &str, db: PgPool, publish_timeout: Duration) -> Self {
+        Self {
+            amqp_url: amqp_url.to_string(),
+            queue: seckill_messaging::Topology::new(namespace).queue,
+            db,
+            grace: grace(publish_timeout),
+            connection: tokio::sync::Mutex::new(None),
             readings: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
-    /// Whether everything in flight has landed, for a fenced product whose outbox streams
-    /// hold `outbox` entries. The first call for a product starts its fence (so does one
-    /// after the fence was left unchecked for [`FORGOTTEN_AFTER`]). A management API that
-    /// cannot be asked means "not yet".
+    /// Whether none of the product's purchases is on its way any more, for a fenced
+    /// product whose outbox streams hold `outbox` entries. The first call for a product
+    /// starts its fence (so does one after the fence was left unchecked for
+    /// [`FORGOTTEN_AFTER`]). A broker or database that cannot be asked means "not yet".
     pub async fn drained(&self, product_id: i64, outbox: i64) -> anyhow::Result<bool> {
         let now = Instant::now();
         let fresh = Readings {
             since: now,
-            first_zero: None,
             refused_at: Some(now),
         };
-        let readings = {
+        let since = {
             let mut all = self.lock();
             let entry = all.entry(product_id).or_insert(fresh);
             if entry
@@ -136,35 +134,31 @@ impl Fence {
             {
                 *entry = fresh;
             }
-            *entry
+            entry.since
         };
-        let drained = if now.duration_since(readings.since) < STATS_INTERVAL {
-            false
-        } else {
-            // An error (the management API down) is a "not yet" like any other.
-            let queued = if outbox > 0 {
-                1
-            } else {
-                self.queued().await.unwrap_or(1)
+        let drained = now.duration_since(since) >= self.grace
+            && outbox == 0
+            && match self.nothing_on_its_way(product_id).await {
+                Ok(nothing) => nothing,
+                Err(e) => {
+                    tracing::debug!(error = %e, "fence could not tell what is on its way");
+                    false
+                }
             };
-            let mut all = self.lock();
-            let entry = all.entry(product_id).or_insert(readings);
-            match entry.first_zero {
-                _ if outbox > 0 || queued > 0 => {
-                    entry.first_zero = None;
-                    false
-                }
-                None => {
-                    entry.first_zero = Some(now);
-                    false
-                }
-                Some(first) => now.duration_since(first) >= STATS_INTERVAL,
-            }
-        };
         if !drained && let Some(entry) = self.lock().get_mut(&product_id) {
             entry.refused_at = Some(now);
         }
         Ok(drained)
+    }
+
+    /// Steps 3 to 5: a quiet reading of the main queue, then (once every consumer has
+    /// reported since) the consumers' reports and the transit notes.
+    async fn nothing_on_its_way(&self, product_id: i64) -> anyhow::Result<bool> {
+        let Some(quiet) = self.quiet_reading().await? else {
+            return Ok(false);
+        };
+        tokio::time::sleep(REPORTS_AFTER).await;
+        Ok(!self.held(product_id, quiet).await?)
     }
 
     /// Whether the product is fenced and was found not drained a moment ago: refuse without
@@ -189,28 +183,131 @@ impl Fence {
             .is_some_and(|at| at.elapsed() <= FORGOTTEN_AFTER)
     }
 
-    /// Messages in the namespace's order queues, ready or unacknowledged. A queue the broker
-    /// has no figures for yet counts as one.
-    async fn queued(&self) -> anyhow::Result<u64> {
-        let mut url = self.queues.clone();
-        url.set_query(Some("columns=name,messages"));
-        let queues: Vec<Queue> = self
-            .http
-            .get(url)
-            .basic_auth(&self.user, Some(&self.password))
-            .send()
+    /// Reads Postgres' clock, then the main queue's ready messages: the time, if none.
+    async fn quiet_reading(&self) -> anyhow::Result<Option<DateTime<Utc>>> {
+        let at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&self.db)
             .await
-            .context("ask the RabbitMQ management API")?
-            .error_for_status()
-            .context("RabbitMQ management API")?
-            .json()
-            .await
-            .context("read the queue list")?;
-        Ok(queues
-            .iter()
-            .filter(|q| q.name.starts_with(&self.prefix))
-            .map(|q| q.messages.unwrap_or(1))
-            .sum())
+            .context("read the database's clock")?;
+        let channel = self.channel().await?;
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let queue = channel
+            .queue_declare(self.queue.as_str().into(), options, FieldTable::default())
+            .await;
+        let _ = channel.close(200, "fence reading done".into()).await;
+        let ready = match queue {
+            Ok(queue) => queue.message_count(),
+            // Not declared yet: nothing was ever published to it.
+            Err(e) if is_not_found(&e) => 0,
+            Err(e) => return Err(e).context("ask the broker for the main queue"),
+        };
+        Ok((ready == 0).then_some(at))
+    }
+
+    /// Whether a purchase of the product may still be in a consumer's hands or passed on
+    /// and not landed, judged against a quiet reading taken at `quiet` (Postgres' clock).
+    async fn held(&self, product_id: i64, quiet: DateTime<Utc>) -> anyhow::Result<bool> {
+        match self.holders(product_id, quiet).await? {
+            Holders::Clear => {}
+            Holders::Busy => return Ok(true),
+            Holders::Gone(ids) => {
+                sqlx::query("DELETE FROM order_holders WHERE id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&self.db)
+                    .await
+                    .context("delete the reports of closed connections")?;
+                tracing::info!(
+                    connections = ids.len(),
+                    "fence: order-service connections closed; their deliveries were returned"
+                );
+                return Ok(true);
+            }
+        }
+        let in_transit: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM order_transit t WHERE t.product_id = $1 \
+             AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.request_id = t.request_id) \
+             AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = t.request_id::text \
+                             AND d.error_code <> ALL($2))",
+        )
+        .bind(product_id)
+        .bind(SignatureError::CODES.to_vec())
+        .fetch_one(&self.db)
+        .await
+        .context("count purchases in transit")?;
+        Ok(in_transit > 0)
+    }
+
+    /// What the consumers' reports say of the product since `quiet`.
+    async fn holders(&self, product_id: i64, quiet: DateTime<Utc>) -> anyhow::Result<Holders> {
+        let reports: Vec<(uuid::Uuid, String, bool, bool)> = sqlx::query_as(
+            "SELECT id, alive_queue, as_of > $2, \
+                    $1 = ANY(products) \
+                    OR coalesce(requeued_at > $2 - make_interval(secs => $3), false) \
+             FROM order_holders",
+        )
+        .bind(product_id)
+        .bind(quiet)
+        .bind(HAND_BACK_MARGIN.as_secs_f64())
+        .fetch_all(&self.db)
+        .await
+        .context("read the consumers' reports")?;
+        if reports.iter().any(|(_, _, fresh, holds)| *fresh && *holds) {
+            return Ok(Holders::Busy);
+        }
+        // Every silent one is asked, so the reports of closed connections all go at once.
+        let (mut gone, mut silent) = (Vec::new(), false);
+        for (id, alive_queue, fresh, _) in reports {
+            if fresh {
+                continue;
+            }
+            if self.is_closed(&alive_queue).await? {
+                gone.push(id);
+            } else {
+                silent = true;
+            }
+        }
+        Ok(match (gone.is_empty(), silent) {
+            (false, _) => Holders::Gone(gone),
+            (true, true) => Holders::Busy,
+            (true, false) => Holders::Clear,
+        })
+    }
+
+    /// Whether the broker deleted a consumer's exclusive queue (closed its connection).
+    async fn is_closed(&self, alive_queue: &str) -> anyhow::Result<bool> {
+        let channel = self.channel().await?;
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        // Another connection's exclusive queue is refused as locked while it lives; either
+        // refusal closes the channel.
+        let asked = channel
+            .queue_declare(alive_queue.into(), options, FieldTable::default())
+            .await;
+        let _ = channel.close(200, "fence probe done".into()).await;
+        Ok(matches!(asked, Err(e) if is_not_found(&e)))
+    }
+
+    /// A fresh channel on the fence's connection (a refused passive declare closes it).
+    async fn channel(&self) -> anyhow::Result<lapin::Channel> {
+        let mut connection = self.connection.lock().await;
+        if let Some(open) = connection.as_ref()
+            && open.status().connected()
+            && let Ok(channel) = open.create_channel().await
+        {
+            return Ok(channel);
+        }
+        let opened =
+            seckill_messaging::connect(&self.amqp_url, "seckill-api fence", Duration::ZERO)
+                .await
+                .context("connect to the broker")?;
+        let channel = opened.create_channel().await?;
+        *connection = Some(opened);
+        Ok(channel)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Readings>> {
@@ -220,56 +317,11 @@ impl Fence {
     }
 }
 
-/// `%2f` → `/` (URL user info and vhost paths are percent-encoded).
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_management_url_follows_the_amqp_url() {
-        let fence = Fence::new("amqp://alice:s%40cret@broker:5672/%2f", "", "ns").unwrap();
-        assert_eq!(fence.queues.as_str(), "http://broker:15672/api/queues/%2F");
-        assert_eq!(
-            (fence.user.as_str(), fence.password.as_str()),
-            ("alice", "s@cret")
-        );
-        let fence = Fence::new(
-            "amqp://guest:guest@127.0.0.1:5672/sales",
-            "http://ops:pw@mq.internal:8080",
-            "ns",
-        )
-        .unwrap();
-        assert_eq!(
-            fence.queues.as_str(),
-            "http://mq.internal:8080/api/queues/sales"
-        );
-        assert_eq!(
-            (fence.user.as_str(), fence.password.as_str()),
-            ("ops", "pw")
-        );
-        assert_eq!(fence.prefix, "ns.orders");
-    }
+/// A refusal for a queue that does not exist (which closes the channel).
+fn is_not_found(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e)
+            if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
 }
