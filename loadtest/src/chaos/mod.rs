@@ -48,6 +48,8 @@ const PRICE_CENTS: i64 = 999;
 /// Units of the second product of `redis-restart-empty`, and its buyers' first user id.
 const BYSTANDER_STOCK: i32 = 1000;
 const BYSTANDER_FIRST_USER: i64 = 7_000_000;
+/// After Redis came back empty, a product with nothing in flight must sell again this soon.
+const RESUME_WITHIN: Duration = Duration::from_secs(5);
 
 /// A duration for a scenario's line: seconds with one decimal, or "never".
 fn seconds(duration: Option<Duration>) -> String {
@@ -416,6 +418,17 @@ pub async fn run_scenario(
             seconds(after_quiet),
             seconds(resumed),
         ));
+        if resumed.is_none_or(|resumed| resumed > RESUME_WITHIN) {
+            violations.push(Violation {
+                name: "slow_resume",
+                detail: format!(
+                    "a product with nothing in flight sold again {} after Redis answered \
+                     (at most {} s)",
+                    seconds(resumed),
+                    RESUME_WITHIN.as_secs()
+                ),
+            });
+        }
     }
     let forged = &injected.forgeries.fresh;
     if scenario == Scenario::ForgedMessages {
