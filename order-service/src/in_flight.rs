@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use lapin::Channel;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -131,29 +132,48 @@ impl Holdings {
         self.lock().handed_back_at = Some(Instant::now());
     }
 
-    /// Writes the report, its times on Postgres' clock. Older reports never overwrite newer.
+    /// Writes the report, its times on Postgres' clock, each erring on the safe side: the
+    /// clock is read first, so `as_of` is no later than the sync it stands for (the write's
+    /// own delay cannot move it forward) and a hand-back no earlier than it was sent. Older
+    /// reports never overwrite newer.
     pub async fn report(&self, db: &PgPool) -> Result<(), sqlx::Error> {
-        let (as_of, handed_back, products) = {
+        let before = Instant::now();
+        let clock: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(db)
+            .await?;
+        let after = Instant::now();
+        // `clock` was read between `before` and `after`.
+        let at = |instant: Instant, anchor: Instant| {
+            let delta = |d: Duration| chrono::Duration::from_std(d).unwrap_or_default();
+            if instant >= anchor {
+                clock + delta(instant - anchor)
+            } else {
+                clock - delta(anchor - instant)
+            }
+        };
+        let (as_of, consuming, handed_back, products) = {
             let state = self.lock();
-            let now = Instant::now();
-            let as_of = state.synced_at.map_or(Duration::ZERO, |at| now - at);
-            let handed_back = state.handed_back_at.map(|at| (now - at).as_secs_f64());
+            let as_of = state
+                .synced_at
+                .map_or(clock, |synced| at(synced.min(after), after));
+            let handed_back = state.handed_back_at.map(|sent| at(sent, before));
             let mut products: Vec<i64> = state.held.values().flatten().copied().collect();
             products.sort_unstable();
             products.dedup();
-            (as_of.as_secs_f64(), handed_back, products)
+            (as_of, state.synced_at.is_some(), handed_back, products)
         };
         sqlx::query(
-            "INSERT INTO order_holders (id, alive_queue, as_of, requeued_at, products) \
-             VALUES ($1, $2, clock_timestamp() - make_interval(secs => $3), \
-                     clock_timestamp() - make_interval(secs => $4), $5) \
+            "INSERT INTO order_holders (id, alive_queue, as_of, consuming, requeued_at, products) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (id) DO UPDATE SET as_of = EXCLUDED.as_of, \
-               requeued_at = EXCLUDED.requeued_at, products = EXCLUDED.products \
+               consuming = EXCLUDED.consuming, requeued_at = EXCLUDED.requeued_at, \
+               products = EXCLUDED.products \
              WHERE order_holders.as_of < EXCLUDED.as_of",
         )
         .bind(self.id)
         .bind(&self.alive_queue)
         .bind(as_of)
+        .bind(consuming)
         .bind(handed_back)
         .bind(&products)
         .execute(db)

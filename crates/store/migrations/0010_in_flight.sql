@@ -4,13 +4,15 @@
 
 -- One row per consuming connection of order-service, rewritten every 100 ms: the products
 -- of the deliveries it holds (received, not yet written or passed on) as of `as_of`, a time
--- at which it had read everything the broker had sent it; when it last handed a delivery back
--- to the queue; and the exclusive queue that lives exactly as long as its connection, which
--- tells whether the broker has returned what it held.
+-- at which it had read everything the broker had sent it; whether it has a broker consumer;
+-- when it last handed a delivery back to the queue; and the exclusive queue that lives
+-- exactly as long as its connection, which tells whether the broker has returned what it
+-- held.
 CREATE TABLE order_holders (
     id          UUID        PRIMARY KEY,
     alive_queue TEXT        NOT NULL,
     as_of       TIMESTAMPTZ NOT NULL,
+    consuming   BOOLEAN     NOT NULL,
     requeued_at TIMESTAMPTZ,
     products    BIGINT[]    NOT NULL
 );

@@ -29,6 +29,20 @@ impl OrderConsumer {
     /// batch already finished are left alone: one may be awaiting its (coalesced) ack.
     pub(super) async fn handle_even_on_panic(self, batch: Vec<Delivery>, out: Out) {
         let tags: Vec<u64> = batch.iter().map(|d| d.delivery_tag).collect();
+        let mut kept = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            // One crash short of the delivery limit, the broker would dead-letter it itself
+            // should this one crash too: its transit is noted first (`crate::in_flight`), or
+            // it goes back to the queue.
+            if delivery_count(&delivery) + 1 >= DELIVERY_LIMIT
+                && !self.note_passing_on(&delivery).await
+            {
+                self.requeue(&out, &delivery).await;
+            } else {
+                kept.push(delivery);
+            }
+        }
+        let batch = kept;
         let handled = AssertUnwindSafe(self.handle_batch(&batch, &out))
             .catch_unwind()
             .await;
@@ -102,14 +116,6 @@ impl OrderConsumer {
 
     /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
     async fn handle_batch(&self, batch: &[Delivery], out: &Out) {
-        for delivery in batch
-            .iter()
-            .filter(|d| delivery_count(d) + 1 >= DELIVERY_LIMIT)
-        {
-            // Should this one crash its consumer too, the broker dead-letters it itself: its
-            // transit is noted first (`crate::in_flight`).
-            let _ = self.note_passing_on(delivery).await;
-        }
         let Some(permit) = self.breaker.try_acquire() else {
             // The breaker is refusing calls (the consumer is pausing, or half-open has all
             // the trial calls it allows): hand the batch back, no attempt counted.

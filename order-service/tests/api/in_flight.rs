@@ -43,8 +43,19 @@ async fn a_dead_letter_that_cannot_reach_the_parking_lot_stays_noted_in_transit(
         || async { (noted(&app, 987_001).await == [genuine.request_id]).then_some(()) },
     )
     .await;
-    // Both went through the consumer (the forgery first or not), and neither is parked.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both went through the consumer once its report names neither product any more.
+    eventually(
+        "both deliveries settled",
+        Duration::from_secs(20),
+        || async {
+            let held: Vec<Vec<i64>> = sqlx::query_scalar("SELECT products FROM order_holders")
+                .fetch_all(&app.db)
+                .await
+                .expect("reports");
+            (held == [Vec::<i64>::new()]).then_some(())
+        },
+    )
+    .await;
     assert_eq!(app.dead_letters().await, 0);
     assert!(noted(&app, 987_002).await.is_empty(), "a forgery was noted");
     app.shutdown().await;
@@ -84,6 +95,10 @@ async fn each_consuming_connection_reports_what_it_holds_and_removes_its_report_
     )
     .await;
     lock.rollback().await.expect("unlock");
+    eventually("the order written", Duration::from_secs(20), || async {
+        (app.order_count(product).await == 1).then_some(())
+    })
+    .await;
     eventually("the purchase released", Duration::from_secs(10), || async {
         (reports(&app).await == [(vec![], true)]).then_some(())
     })
