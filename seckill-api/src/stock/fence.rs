@@ -16,24 +16,34 @@
 //!    publish timeout, which bounds the handlers' publishes and the relay's confirms);
 //! 2. **the product's outbox streams**: they are empty (new purchases of the product are
 //!    refused while the fence stands, so nothing is added to them);
-//! 3. **the main queue**: at a time `t` on Postgres' clock, the queue holds no ready message
-//!    (a passive declare, exact at once, unlike the management API's figures, which lag by
-//!    seconds): every message published before `t` had by then been delivered, or settled;
-//! 4. **an order-service consumer's hands**: every consuming connection (`order_holders`,
-//!    see `order_service::in_flight`) has reported, as of a moment after `t` at which it had
-//!    read everything the broker had sent it, that it holds none of the product's
-//!    deliveries and handed none back since `t`. A connection without such a report counts
-//!    as holding, unless its exclusive queue is gone: the broker closed the connection and
-//!    returned what it held, so its report is deleted and the reading starts again;
+//! 3. **the main queue**: a passive declare finds no ready message, answered fast (a quorum
+//!    queue whose leader does not answer within 250 ms says "0 ready, 0 consumers"), with
+//!    as many consumers as order-service's connections report consuming (so at least one:
+//!    with order-service down the fence waits); `t` is read on Postgres' clock after the
+//!    answer: every message published before it had been handed out, or settled;
+//! 4. **an order-service consumer's hands**: every connection (`order_holders`, see
+//!    `order_service::in_flight`) has reported, as of a moment [`DISPATCH_MARGIN`] after
+//!    `t` at which it had read everything the broker had sent it, that it holds none of the
+//!    product's deliveries and handed none back since 5 s before `t` (a return is applied
+//!    after its nack is sent). A connection without such a report counts as holding, unless
+//!    its exclusive queue is gone: the broker closed the connection and returns what it held,
+//!    so its report is deleted and the reading starts again (the queue still counting the
+//!    dead consumer makes the counts of step 3 disagree until the return is applied);
 //! 5. **a retry tier or the dead-letter exchange**: no purchase of the product that
 //!    order-service passed on there (`order_transit`, noted before the copy was published)
 //!    is without an order or a dead letter yet.
 //!
 //! So the fence is the product's: other products' deliveries, retries and dead letters
 //! hold nothing, and a product whose purchases have all landed sells again within about
-//! [`grace`] and a third of a second of Redis answering. What it cannot tell apart is a backlog in the
+//! [`grace`] and a second of Redis answering. What it cannot tell apart is a backlog in the
 //! main queue (a paused or overtaken consumer): those messages may be any product's, so a
 //! backlog holds every fenced product until it is delivered.
+//!
+//! What it rests on is time, not proof: a publish not confirmed within the grace does not
+//! reach the queue later (a connection the broker blocks for an alarm would break that), a
+//! delivery handed out reaches its consumer within [`DISPATCH_MARGIN`], a nack is applied
+//! within 5 s. Past them a purchase may land after the rebuild and its unit be sold twice:
+//! Postgres still refuses to oversell, and the later of the two ends as a failed result.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -57,11 +67,18 @@ pub fn grace(publish_timeout: Duration) -> Duration {
 }
 
 /// How long after a quiet reading the consumers' reports are read: long enough for each to
-/// report as of a later moment (they report every 100 ms).
-const REPORTS_AFTER: Duration = Duration::from_millis(300);
+/// report as of [`DISPATCH_MARGIN`] after it (they report every 100 ms).
+const REPORTS_AFTER: Duration = Duration::from_millis(800);
 
-/// A hand-back is noted once its nack is sent; the broker acts on it a moment later.
-const HAND_BACK_MARGIN: Duration = Duration::from_secs(1);
+/// A hand-back is noted once its nack is sent; the broker acts on it later (a quorum
+/// queue, once the return is committed: seconds when its disk or its leader stalls).
+const HAND_BACK_MARGIN: Duration = Duration::from_secs(5);
+/// A delivery the queue counted as handed out at `t` reaches its consumer's buffer a moment
+/// later (the queue's effects, the channel's mailbox, the socket): a report counts only as
+/// of this long after `t`.
+const DISPATCH_MARGIN: Duration = Duration::from_millis(500);
+/// A passive declare answered slower than this may be a quorum queue's "no answer" default.
+const TRUSTED_ANSWER: Duration = Duration::from_millis(200);
 
 /// Remembers each fenced product's readings and asks Postgres and the broker.
 #[derive(Debug)]
@@ -183,28 +200,41 @@ impl Fence {
             .is_some_and(|at| at.elapsed() <= FORGOTTEN_AFTER)
     }
 
-    /// Reads Postgres' clock, then the main queue's ready messages: the time, if none.
+    /// Asks the broker for the main queue, then reads Postgres' clock: that time, if the
+    /// queue had no ready message and exactly as many consumers as order-service's
+    /// connections report consuming. A quorum queue answers "0 ready, 0 consumers" when
+    /// its leader did not answer in time; a slow answer, or a consumer count that does not
+    /// match (none at all included), is no quiet reading. The clock is read after the
+    /// answer, so messages dispatched before the broker counted are older than `t`.
     async fn quiet_reading(&self) -> anyhow::Result<Option<DateTime<Utc>>> {
-        let at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(&self.db)
-            .await
-            .context("read the database's clock")?;
         let channel = self.channel().await?;
         let options = QueueDeclareOptions {
             passive: true,
             ..QueueDeclareOptions::default()
         };
+        let asked = Instant::now();
         let queue = channel
             .queue_declare(self.queue.as_str().into(), options, FieldTable::default())
             .await;
+        let took = asked.elapsed();
         let _ = channel.close(200, "fence reading done".into()).await;
-        let ready = match queue {
-            Ok(queue) => queue.message_count(),
-            // Not declared yet: nothing was ever published to it.
-            Err(e) if is_not_found(&e) => 0,
+        let queue = match queue {
+            Ok(queue) => queue,
+            // Not declared yet: nothing was ever published to it, nothing consumes it.
+            Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(e).context("ask the broker for the main queue"),
         };
-        Ok((ready == 0).then_some(at))
+        let (at, consuming): (DateTime<Utc>, i64) = sqlx::query_as(
+            "SELECT clock_timestamp(), (SELECT count(*) FROM order_holders WHERE consuming)",
+        )
+        .fetch_one(&self.db)
+        .await
+        .context("read the database's clock")?;
+        let quiet = queue.message_count() == 0
+            && took < TRUSTED_ANSWER
+            && queue.consumer_count() > 0
+            && i64::from(queue.consumer_count()) == consuming;
+        Ok(quiet.then_some(at))
     }
 
     /// Whether a purchase of the product may still be in a consumer's hands or passed on
@@ -243,7 +273,7 @@ impl Fence {
     /// What the consumers' reports say of the product since `quiet`.
     async fn holders(&self, product_id: i64, quiet: DateTime<Utc>) -> anyhow::Result<Holders> {
         let reports: Vec<(uuid::Uuid, String, bool, bool)> = sqlx::query_as(
-            "SELECT id, alive_queue, as_of > $2, \
+            "SELECT id, alive_queue, as_of > $2 + make_interval(secs => $4), \
                     $1 = ANY(products) \
                     OR coalesce(requeued_at > $2 - make_interval(secs => $3), false) \
              FROM order_holders",
@@ -251,6 +281,7 @@ impl Fence {
         .bind(product_id)
         .bind(quiet)
         .bind(HAND_BACK_MARGIN.as_secs_f64())
+        .bind(DISPATCH_MARGIN.as_secs_f64())
         .fetch_all(&self.db)
         .await
         .context("read the consumers' reports")?;
