@@ -530,8 +530,47 @@ impl<'a> Runner<'a> {
                 }
                 self.curl(curl, true).await
             }
+            ("postgres", ["psql", psql @ ..]) => self.psql(psql).await,
             _ => Err(format!("exec {service} {command:?}: not known here")),
         }
+    }
+
+    /// `psql -U USER -d DATABASE -c SQL`: the compose file's superuser and database, the SQL
+    /// run on the platform's database.
+    async fn psql(&mut self, args: &[&str]) -> Result<(), String> {
+        let compose = repo_file("docker-compose.yml").unwrap_or_default();
+        let mut sql = None;
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = || {
+                args.next()
+                    .copied()
+                    .ok_or(format!("psql {arg} needs a value"))
+            };
+            match *arg {
+                // The official image's superuser, which the compose file keeps.
+                "-U" if value()? == "postgres" => {}
+                "-d" => {
+                    let database = value()?;
+                    if !compose.contains(&format!("POSTGRES_DB: {database}")) {
+                        return Err(format!(
+                            "psql -d {database}: not the compose file's database"
+                        ));
+                    }
+                }
+                "-c" => sql = Some(value()?),
+                other => return Err(format!("psql {other}: not known here")),
+            }
+        }
+        let sql = sql.ok_or("psql without -c")?;
+        let db = self.platform.ns.db().await;
+        let ran = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&db)
+            .await;
+        db.close().await;
+        ran.map_err(|e| format!("psql -c {sql}: {e}"))?;
+        self.ran += 1;
+        Ok(())
     }
 
     /// `order-service ARGS`: the real command line, run against the platform's namespace.
