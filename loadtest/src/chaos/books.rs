@@ -12,8 +12,9 @@ use crate::stores::Probe;
 
 /// How often the quiet wait looks.
 const POLL_EVERY: Duration = Duration::from_millis(500);
-/// How long everything must stay still: longer than the management API's figures can lag
-/// (the fence of seckill-api waits as long for the same reason).
+/// How long everything must stay still: longer than the management API's figures can lag.
+/// (A scenario's later buyers start only after it, so a product's time to resume measured
+/// from the start of the stillness includes these 6 s.)
 const STILL_FOR: Duration = Duration::from_secs(6);
 
 /// One order row of the product.
