@@ -14,8 +14,6 @@
 
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
 use seckill_messaging::{Health, Supervised, Supervisor, Topology};
@@ -66,21 +64,19 @@ impl QueueWatch {
     }
 }
 
-/// Reads one queue by a passive declare; `None` if it does not exist (or the channel
-/// failed), in which case the channel is closed.
+/// Reads one queue by a passive declare; `None` if it does not exist or the channel failed
+/// (which closes the channel), or if the answer cannot be believed (a quorum queue's slow
+/// "0, 0": see [`seckill_messaging::stat`]), in which case the gauges keep their value.
 pub async fn depth(channel: &lapin::Channel, queue: &str) -> Option<Depth> {
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    match channel
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-    {
-        Ok(found) => Some(Depth {
-            messages: found.message_count(),
-            consumers: found.consumer_count(),
+    match seckill_messaging::queue_stat(channel, queue).await {
+        Ok(Some(found)) => Some(Depth {
+            messages: found.messages,
+            consumers: found.consumers,
         }),
+        Ok(None) => {
+            tracing::debug!(queue, "a slow empty answer, not believed");
+            None
+        }
         Err(e) => {
             tracing::debug!(error = %e, queue, "passive declare failed");
             None

@@ -7,12 +7,15 @@
 //!   are bounded in time and judged by [`taken`]; every publisher of the services uses it.
 //!   Order messages are signed there ([`ConfirmedPublisher::send_order`], [`publish_order`]).
 //! - [`signature`] — [`OrderSigner`]: the HMAC that lets order-service trust a message.
+//! - [`stat`] — [`queue_stat`]: a queue's ready messages and consumers, and when a quorum
+//!   queue's answer cannot be believed.
 //! - [`worker`] — [`Supervisor`]: runs a background worker's connect-and-work cycle again
 //!   after each failure, with jittered exponential backoff, until cancelled.
 //! - [`connect`] — an AMQP connection with retry while the broker comes up.
 
 pub mod publish;
 pub mod signature;
+pub mod stat;
 pub mod topology;
 pub mod worker;
 
@@ -30,6 +33,7 @@ pub use publish::{
     publish_order, taken,
 };
 pub use signature::{HEADER_SIGNATURE, OrderSigner, SignatureError};
+pub use stat::{QueueStat, queue_stat};
 pub use topology::{DEFAULT_RETRY_TIERS_MS, DELIVERY_LIMIT, MAX_REQUEUES, QueueType, Topology};
 pub use worker::{Ended, Health, Supervised, Supervisor};
 

@@ -77,8 +77,6 @@ const HAND_BACK_MARGIN: Duration = Duration::from_secs(5);
 /// later (the queue's effects, the channel's mailbox, the socket): a report counts only as
 /// of this long after `t`.
 const DISPATCH_MARGIN: Duration = Duration::from_millis(500);
-/// A passive declare answered slower than this may be a quorum queue's "no answer" default.
-const TRUSTED_ANSWER: Duration = Duration::from_millis(200);
 
 /// Remembers each fenced product's readings and asks Postgres and the broker.
 #[derive(Debug)]
@@ -202,24 +200,17 @@ impl Fence {
 
     /// Asks the broker for the main queue, then reads Postgres' clock: that time, if the
     /// queue had no ready message and exactly as many consumers as order-service's
-    /// connections report consuming. A quorum queue answers "0 ready, 0 consumers" when
-    /// its leader did not answer in time; a slow answer, or a consumer count that does not
-    /// match (none at all included), is no quiet reading. The clock is read after the
-    /// answer, so messages dispatched before the broker counted are older than `t`.
+    /// connections report consuming (so at least one: a quorum queue whose leader did not
+    /// answer in time says "0 ready, 0 consumers"). The clock is read after the answer, so
+    /// messages dispatched before the broker counted are older than `t`.
     async fn quiet_reading(&self) -> anyhow::Result<Option<DateTime<Utc>>> {
         let channel = self.channel().await?;
-        let options = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let asked = Instant::now();
-        let queue = channel
-            .queue_declare(self.queue.as_str().into(), options, FieldTable::default())
-            .await;
-        let took = asked.elapsed();
+        let stat = seckill_messaging::queue_stat(&channel, &self.queue).await;
         let _ = channel.close(200, "fence reading done".into()).await;
-        let queue = match queue {
-            Ok(queue) => queue,
+        let stat = match stat {
+            Ok(Some(stat)) => stat,
+            // A slow "0, 0" (see `seckill_messaging::stat`) says nothing.
+            Ok(None) => return Ok(None),
             // Not declared yet: nothing was ever published to it, nothing consumes it.
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(e).context("ask the broker for the main queue"),
@@ -230,10 +221,8 @@ impl Fence {
         .fetch_one(&self.db)
         .await
         .context("read the database's clock")?;
-        let quiet = queue.message_count() == 0
-            && took < TRUSTED_ANSWER
-            && queue.consumer_count() > 0
-            && i64::from(queue.consumer_count()) == consuming;
+        let quiet =
+            stat.messages == 0 && stat.consumers > 0 && i64::from(stat.consumers) == consuming;
         Ok(quiet.then_some(at))
     }
 
