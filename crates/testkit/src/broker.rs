@@ -229,14 +229,19 @@ impl OwnBroker {
     /// `-n <node> <args>` against this node and returns what it printed, panicking if it
     /// fails.
     pub(crate) async fn cli(&self, tool: &str, args: &[&str]) -> String {
-        let output = tokio::process::Command::new(cli_script(tool))
+        // Bounded: a command that never returns (an `add_member` once hung for ten minutes
+        // on a loaded machine) fails the caller instead of stalling it for good.
+        let running = tokio::process::Command::new(cli_script(tool))
             .arg("-n")
             .arg(&self.node_name)
             .args(args)
             .envs(self.env())
             .current_dir(&self.dir)
-            .output()
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(CLI_TIMEOUT, running)
             .await
+            .unwrap_or_else(|_| panic!("{tool} {args:?} did not finish within {CLI_TIMEOUT:?}"))
             .unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
         assert!(
             output.status.success(),
@@ -405,6 +410,9 @@ fn server_script() -> PathBuf {
 
 /// A CLI tool (`rabbitmqctl`, …) next to the server script we run (the Debian wrappers in
 /// /usr/sbin would switch users and lose our `HOME`, hence the node's cookie).
+/// The longest a RabbitMQ command-line tool may run.
+const CLI_TIMEOUT: Duration = Duration::from_secs(120);
+
 fn cli_script(tool: &str) -> PathBuf {
     let server = server_script();
     match server.parent() {
