@@ -89,22 +89,13 @@ impl Holdings {
     /// The sync point: returns once the broker answered a passive declare of `queue` on the
     /// consuming channel, so every delivery it sent before is in the consumer's buffer.
     pub async fn sync(channel: &Channel, queue: &str) -> lapin::Result<()> {
-        let options = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .queue_declare(queue.into(), options, FieldTable::default())
+        seckill_messaging::queue_stat(channel, queue)
             .await
             .map(|_| ())
     }
 
-    /// A broker consumer is about to start (nothing it delivers can precede `at`).
-    pub fn consuming(&self, at: Instant) {
-        self.lock().synced_at = Some(at);
-    }
-
-    /// Everything the broker sent before `started` has been read.
+    /// Everything the broker sent before `started` has been read (or a broker consumer is
+    /// about to start, so nothing it delivers can precede `started`).
     pub fn synced(&self, started: Instant) {
         self.lock().synced_at = Some(started);
     }
@@ -181,8 +172,9 @@ impl Holdings {
         Ok(())
     }
 
-    /// Reports every [`REPORT_EVERY`] until the returned guard is dropped, then (if it
-    /// can) deletes the report: the connection is closing and holds nothing.
+    /// Reports every [`REPORT_EVERY`] until the returned guard is stopped or dropped; only
+    /// [`Reporting::stop`] deletes the report (a dropped one's queue goes with its
+    /// connection, and the fence deletes the report then).
     pub fn report_until_dropped(self: Arc<Self>, db: PgPool) -> Reporting {
         let holdings = self.clone();
         let pool = db.clone();

@@ -135,7 +135,7 @@ impl OrderConsumer {
         cancel: &CancellationToken,
     ) -> anyhow::Result<Run> {
         let tag = format!("order-service-{}", uuid::Uuid::new_v4().simple());
-        out.holdings.consuming(std::time::Instant::now());
+        out.holdings.synced(std::time::Instant::now());
         let mut deliveries = channel
             .basic_consume(
                 self.topology.queue.as_str().into(),

@@ -51,9 +51,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use lapin::options::QueueDeclareOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-use lapin::types::FieldTable;
 use sqlx::PgPool;
 
 use seckill_messaging::SignatureError;
@@ -299,15 +297,9 @@ impl Fence {
     /// Whether the broker deleted a consumer's exclusive queue (closed its connection).
     async fn is_closed(&self, alive_queue: &str) -> anyhow::Result<bool> {
         let channel = self.channel().await?;
-        let options = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
         // Another connection's exclusive queue is refused as locked while it lives; either
         // refusal closes the channel.
-        let asked = channel
-            .queue_declare(alive_queue.into(), options, FieldTable::default())
-            .await;
+        let asked = seckill_messaging::queue_stat(&channel, alive_queue).await;
         let _ = channel.close(200, "fence probe done".into()).await;
         Ok(matches!(asked, Err(e) if is_not_found(&e)))
     }
