@@ -408,11 +408,11 @@ fn server_script() -> PathBuf {
     "rabbitmq-server".into()
 }
 
-/// A CLI tool (`rabbitmqctl`, …) next to the server script we run (the Debian wrappers in
-/// /usr/sbin would switch users and lose our `HOME`, hence the node's cookie).
 /// The longest a RabbitMQ command-line tool may run.
 const CLI_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A CLI tool (`rabbitmqctl`, …) next to the server script we run (the Debian wrappers in
+/// /usr/sbin would switch users and lose our `HOME`, hence the node's cookie).
 fn cli_script(tool: &str) -> PathBuf {
     let server = server_script();
     match server.parent() {
