@@ -443,6 +443,78 @@ async fn forge(
 }
 
 /// Live orders of `product` in Postgres.
+/// A publish the broker holds unconfirmed (a memory alarm: the node stops reading from
+/// publishing connections) may reach the queue long after its handler gave up and answered
+/// `202` on the outbox. Once Redis lost that outbox, the stuck publish is the purchase's
+/// only copy: the fence must wait for it, however late, and not rebuild without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_the_broker_holds_keeps_the_fence_up_until_it_lands() {
+    let broker = seckill_testkit::OwnBroker::start().await;
+    let mut ns = seckill_testkit::TestNamespace::new();
+    ns.amqp_url = broker.amqp_url();
+    let app = crate::helpers::spawn_app_in(ns, |settings| {
+        settings.publish_timeout = Duration::from_millis(500);
+        // The relay stays out of it: the entry is gone before it would take it over.
+        settings.relay_reclaim_idle = Duration::from_secs(60);
+    })
+    .await;
+    let product = app.create_product_in_buckets(4, 2).await;
+    app.wait_ready().await;
+    let (stop_orders, orders) = start_order_service(&app).await;
+    let db = app.ns.db().await;
+    let wait = Duration::from_secs(30);
+    assert_eq!(app.purchase(product, 1).await.status(), 202);
+    eventually("the first order written", wait, || async {
+        (live_orders(&db, product).await == 1).then_some(())
+    })
+    .await;
+
+    // The broker stops reading from publishers: user 2's publish hangs unconfirmed, and its
+    // handler answers 202 on the outbox. Then Redis forgets the sale, outbox and all.
+    broker.block_publishers().await;
+    assert_eq!(app.purchase(product, 2).await.status(), 202);
+    wipe(&app, product).await;
+    let wiped = std::time::Instant::now();
+    // Far past the fence's grace and its readings: the queue is empty and no consumer holds
+    // anything, but user 2's purchase is still on its way.
+    while wiped.elapsed() < Duration::from_secs(8) {
+        let answer = app.purchase(product, 3).await;
+        assert_eq!(
+            answer.status(),
+            503,
+            "the product sold again {:?} after the wipe while a purchase was still on its way",
+            wiped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let noted: i64 = sqlx::query_scalar("SELECT count(*) FROM order_transit WHERE product_id = $1")
+        .bind(product)
+        .fetch_one(&db)
+        .await
+        .expect("transit notes");
+    assert_eq!(noted, 1, "the unconfirmed publish was not noted in transit");
+
+    // The alarm clears: the held publish lands, and only then is the ledger rebuilt.
+    broker.unblock_publishers().await;
+    eventually(
+        "the product sells again",
+        Duration::from_secs(60),
+        || async { (app.purchase(product, 3).await.status() == 202).then_some(()) },
+    )
+    .await;
+    eventually("the three orders", wait, || async {
+        (live_orders(&db, product).await == 3).then_some(())
+    })
+    .await;
+    for user in [1, 2] {
+        assert_error(app.purchase(product, user).await, 409, "already_purchased").await;
+    }
+    stop_orders.cancel();
+    let _ = orders.await;
+    db.close().await;
+    app.shutdown().await;
+}
+
 async fn live_orders(db: &sqlx::PgPool, product: i64) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM orders WHERE product_id = $1 AND status <> 'cancelled'",
