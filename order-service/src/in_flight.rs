@@ -15,11 +15,12 @@
 //!   an exclusive queue that the broker deletes when it closes the connection — which is
 //!   when it returns the connection's unacked deliveries to the queue — so the fence can
 //!   tell a dead holder from a slow one.
-//! - [`note_in_transit`] — a purchase passed on to a retry tier or to the dead-letter
-//!   exchange is written to `order_transit` *before* its copy is published (if that write
-//!   fails, the delivery is handed back instead): the copy is in flight until an order or a
-//!   dead letter with its request id exists. Forgeries are never noted: only a message whose
-//!   signature verifies names a purchase.
+//! - a purchase passed on to a retry tier or to the dead-letter exchange is noted in transit
+//!   (`seckill_store::transit`) *before* its copy is published (if that note fails, the
+//!   delivery is handed back instead; `crate::consumer`'s `note_passing_on`): the copy is in
+//!   flight until an order or a dead letter with its request id exists. Forgeries are never
+//!   noted: only a message whose signature verifies names a purchase. This replica deletes
+//!   the notes of landed purchases every minute.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -195,7 +196,7 @@ impl Holdings {
                 }
                 if cleared.elapsed() >= CLEAR_LANDED_EVERY {
                     cleared = Instant::now();
-                    if let Err(e) = clear_landed(&pool).await {
+                    if let Err(e) = seckill_store::transit::clear_landed(&pool).await {
                         tracing::debug!(error = %e, "could not clear landed transit notes");
                     }
                 }
@@ -243,36 +244,6 @@ impl Drop for Reporting {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// Notes a purchase as passed on (to a retry tier or the dead-letter exchange) before its
-/// copy is published.
-pub async fn note_in_transit(
-    db: &PgPool,
-    request_id: Uuid,
-    product_id: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO order_transit (request_id, product_id) VALUES ($1, $2) \
-         ON CONFLICT (request_id) DO UPDATE SET product_id = EXCLUDED.product_id, since = now()",
-    )
-    .bind(request_id)
-    .bind(product_id)
-    .execute(db)
-    .await?;
-    Ok(())
-}
-
-/// Deletes transit notes whose purchase has landed (an order or a dead letter exists).
-async fn clear_landed(db: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "DELETE FROM order_transit t WHERE t.since < now() - interval '1 minute' \
-         AND (EXISTS (SELECT 1 FROM orders o WHERE o.request_id = t.request_id) \
-              OR EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = t.request_id::text))",
-    )
-    .execute(db)
-    .await?;
-    Ok(())
 }
 
 /// The product a message body names, read without the rest of it.

@@ -11,6 +11,7 @@
 //! - [`reopened`] — following the announcements of units going back on sale.
 //! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster.
 //! - [`probes`] — readiness checks of the stores.
+//! - [`transit`] — purchases noted in transit, out of the broker readings' sight.
 //! - `failpoints` (with the `failpoints` feature) — the error its failpoints return
 //!   (`docs/failpoints.md`).
 
@@ -24,6 +25,7 @@ pub mod probes;
 pub mod redis_handle;
 pub mod reopened;
 pub mod result;
+pub mod transit;
 
 pub use failure::StoreFailure;
 pub use keys::{RedisKeys, home_bucket};

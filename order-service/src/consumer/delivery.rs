@@ -22,7 +22,7 @@ use super::headers::{
     HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count, signature_of,
 };
 use crate::ack_window::AckWindow;
-use crate::in_flight::{Holdings, note_in_transit};
+use crate::in_flight::Holdings;
 use crate::metrics as names;
 use crate::orders::Recorded;
 use crate::retry::Next;
@@ -225,7 +225,7 @@ impl OrderConsumer {
         let Ok(msg) = serde_json::from_slice::<OrderMessage>(&delivery.data) else {
             return true;
         };
-        match note_in_transit(&self.db, msg.request_id, msg.product_id).await {
+        match seckill_store::transit::note(&self.db, &[(msg.request_id, msg.product_id)]).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "could not note a purchase in transit; handing it back");
