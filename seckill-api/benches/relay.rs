@@ -406,6 +406,13 @@ async fn relayed(
         amqp_url: ns.amqp_url.clone(),
         topology: ns.topology(),
         signer: signer(ns),
+        db: seckill_store::postgres::connect_and_migrate(
+            &ns.database_url,
+            2,
+            Duration::from_secs(10),
+        )
+        .await
+        .context("migrate the bench's database")?,
         batch,
         reclaim_idle: Duration::from_secs(30),
         hints: hints.clone(),

@@ -33,6 +33,10 @@ pub const OUTBOX_CONFIRM_SECONDS: &str = "outbox_confirm_seconds";
 /// Purchases a handler's publishing worker left to the relay because their handler had
 /// stopped waiting (or its deadline passed) before the worker got to them.
 pub const PUBLISH_WITHDRAWN: &str = "seckill_publish_withdrawn_total";
+/// Purchases noted in transit for the fence (`seckill_store::transit`): published without
+/// a confirm in time, or about to be published by the relay; by `outcome` (`noted`,
+/// `failed`).
+pub const TRANSIT_NOTES: &str = "seckill_transit_notes_total";
 
 /// The `reason`s of [`OUTBOX_CONFIRM_FAILURES`].
 pub mod confirm_failure {
@@ -104,6 +108,10 @@ pub fn describe(replica: &str) {
             PUBLISH_WITHDRAWN,
             "Purchases a publishing worker left to the relay: their handler stopped waiting."
         );
+        describe_counter!(
+            TRANSIT_NOTES,
+            "Purchases noted in transit for the ledger fence, by outcome."
+        );
     }
     for outcome in ["accepted", "sold_out", "already_purchased", "error"] {
         metrics::counter!(PURCHASES, "outcome" => outcome).increment(0);
@@ -113,6 +121,9 @@ pub fn describe(replica: &str) {
     }
     for reason in confirm_failure::ALL {
         metrics::counter!(OUTBOX_CONFIRM_FAILURES, "reason" => reason).increment(0);
+    }
+    for outcome in ["noted", "failed"] {
+        metrics::counter!(TRANSIT_NOTES, "outcome" => outcome).increment(0);
     }
     metrics::counter!(OUTBOX_PUBLISHED).increment(0);
     metrics::counter!(OUTBOX_CONFIRMED).increment(0);

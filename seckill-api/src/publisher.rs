@@ -29,6 +29,14 @@
 //! passed, since the relay publishes that entry, and a second publish would only duplicate
 //! it. A job taken before its deadline may still be confirmed after its handler gave up;
 //! that one goes out twice (order-service absorbs the copy: same request id).
+//!
+//! A message published and not confirmed may still reach the queue much later (a
+//! connection the broker blocks for an alarm is read again only once the alarm clears),
+//! after Redis may have lost its outbox entry: then that late copy is the purchase's only
+//! one. So when the first handler of a batch stops waiting with confirms still due (or the
+//! batch fails in a way that leaves its fate unknown), the worker notes the whole batch in
+//! transit (`seckill_store::transit`) before it goes on: the ledger fence
+//! (`crate::stock::fence`) then waits for those purchases to land.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -36,6 +44,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lapin::Connection;
+use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -59,6 +68,8 @@ struct Inner {
     topology: Topology,
     /// Signs each message, so order-service knows it comes from here.
     signer: OrderSigner,
+    /// Where unconfirmed publishes are noted in transit.
+    db: PgPool,
     /// Longest a request waits for its confirm.
     timeout: Duration,
     /// Workers (and channels) per connection.
@@ -74,6 +85,7 @@ struct Inner {
 /// One message to publish, and where to say how it went.
 struct Job {
     request_id: String,
+    product_id: i64,
     http_request_id: String,
     payload: Vec<u8>,
     traceparent: String,
@@ -118,6 +130,12 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// Whether the message may still reach the queue (no confirm came, or the channel
+    /// failed after it was written), rather than surely not (never sent, or refused).
+    pub fn fate_unknown(&self) -> bool {
+        matches!(self, PublishError::TimedOut | PublishError::Channel(_))
+    }
+
     /// Its `reason` label on `outbox_confirm_failures_total`.
     pub fn reason(&self) -> &'static str {
         use crate::metrics::confirm_failure;
@@ -138,6 +156,7 @@ impl OrderPublisher {
         amqp_url: String,
         topology: Topology,
         signer: OrderSigner,
+        db: PgPool,
         timeout: Duration,
         channels: usize,
         connected: Arc<AtomicBool>,
@@ -147,6 +166,7 @@ impl OrderPublisher {
                 amqp_url,
                 topology,
                 signer,
+                db,
                 timeout,
                 channels: channels.max(1),
                 workers: RwLock::new(Vec::new()),
@@ -156,11 +176,12 @@ impl OrderPublisher {
         }
     }
 
-    /// Publishes one order message, with the trace context `trace` in its headers, and
-    /// waits for the broker's confirm (bounded).
+    /// Publishes one order message (purchase `request_id` of `product_id`), with the trace
+    /// context `trace` in its headers, and waits for the broker's confirm (bounded).
     pub async fn publish(
         &self,
         request_id: &str,
+        product_id: i64,
         http_request_id: &str,
         payload: &[u8],
         trace: TraceHeaders<'_>,
@@ -181,6 +202,7 @@ impl OrderPublisher {
         let (done, answer) = oneshot::channel();
         let job = Job {
             request_id: request_id.to_string(),
+            product_id,
             http_request_id: http_request_id.to_string(),
             payload: payload.to_vec(),
             traceparent: trace.traceparent.to_string(),
@@ -266,11 +288,14 @@ impl OrderPublisher {
     }
 
     /// Publishes a batch and waits for every confirm; `Ok` only if each was a plain ack.
+    /// Notes the batch in transit once its first handler stops waiting with confirms due,
+    /// or if it fails with its messages' fate unknown.
     async fn publish_batch(
         &self,
         publisher: &ConfirmedPublisher,
         batch: &[Job],
     ) -> Result<(), PublishError> {
+        let started = Instant::now();
         let publish_all = async {
             let mut confirms = Vec::with_capacity(batch.len());
             for job in batch {
@@ -303,9 +328,50 @@ impl OrderPublisher {
             }
             refused
         };
-        tokio::time::timeout(self.inner.timeout, publish_all)
+        tokio::pin!(publish_all);
+        let batch_deadline = started + self.inner.timeout;
+        let first_deadline = batch
+            .iter()
+            .map(|job| job.deadline)
+            .min()
+            .map_or(batch_deadline, |first| first.min(batch_deadline));
+        match tokio::time::timeout_at(first_deadline, &mut publish_all).await {
+            Ok(outcome) => {
+                if outcome.as_ref().is_err_and(PublishError::fate_unknown) {
+                    self.note_in_transit(batch).await;
+                }
+                outcome
+            }
+            Err(_) => {
+                // A handler answers `202` on the outbox now, and the broker may take the
+                // batch much later.
+                self.note_in_transit(batch).await;
+                tokio::time::timeout_at(batch_deadline, &mut publish_all)
+                    .await
+                    .unwrap_or(Err(PublishError::TimedOut))
+            }
+        }
+    }
+
+    /// Notes the batch's purchases in transit, within the publish timeout.
+    async fn note_in_transit(&self, batch: &[Job]) {
+        let purchases: Vec<(uuid::Uuid, i64)> = batch
+            .iter()
+            .filter_map(|job| {
+                let request_id = uuid::Uuid::parse_str(&job.request_id).ok()?;
+                Some((request_id, job.product_id))
+            })
+            .collect();
+        let noted = crate::stock::fence::note_in_transit(&self.inner.db, &purchases);
+        if tokio::time::timeout(self.inner.timeout, noted)
             .await
-            .unwrap_or(Err(PublishError::TimedOut))
+            .is_err()
+        {
+            tracing::warn!(
+                count = purchases.len(),
+                "noting unconfirmed publishes in transit timed out"
+            );
+        }
     }
 
     fn set(&self, workers: Vec<mpsc::Sender<Job>>) {

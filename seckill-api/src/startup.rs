@@ -82,6 +82,7 @@ impl Application {
                 settings.backend.amqp_url.expose().to_string(),
                 topology.clone(),
                 signer.clone(),
+                db.clone(),
                 settings.publish_timeout,
                 settings.publish_channels,
                 publisher_connected.clone(),
@@ -138,7 +139,7 @@ impl Application {
             state.stock.clone(),
         )
         .await?;
-        let mut probes = readiness_probes(db, redis.clone(), broker_connected.clone());
+        let mut probes = readiness_probes(db.clone(), redis.clone(), broker_connected.clone());
         if publisher.is_some() {
             probes.push((
                 "rabbitmq_publisher",
@@ -160,6 +161,7 @@ impl Application {
             amqp_url: settings.backend.amqp_url.expose().to_string(),
             topology,
             signer,
+            db: db.clone(),
             batch: settings.relay_batch,
             reclaim_idle: settings.relay_reclaim_idle,
             hints: relay_hints,

@@ -257,6 +257,7 @@ async fn deliver(
             let published = publisher
                 .publish(
                     &request_id.to_string(),
+                    product_id,
                     http_request_id,
                     intent.payload.as_bytes(),
                     trace,

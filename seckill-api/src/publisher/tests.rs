@@ -10,11 +10,14 @@ use seckill_testkit::TestNamespace;
 use super::*;
 
 /// A publisher of `ns` whose workers wait `timeout` for a batch's confirms.
-fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
+async fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
     OrderPublisher::new(
         ns.amqp_url.clone(),
         ns.topology(),
         OrderSigner::new("publisher-test-key"),
+        seckill_store::postgres::connect_and_migrate(&ns.database_url, 2, Duration::from_secs(10))
+            .await
+            .expect("migrated database"),
         timeout,
         1,
         Arc::new(AtomicBool::new(false)),
@@ -26,6 +29,7 @@ fn job(request_id: &str) -> (Job, oneshot::Receiver<Result<(), PublishError>>) {
     let (done, answer) = oneshot::channel();
     let job = Job {
         request_id: request_id.to_string(),
+        product_id: 1,
         http_request_id: format!("http-{request_id}"),
         payload: format!(r#"{{"request_id":"{request_id}"}}"#).into_bytes(),
         traceparent: String::new(),
@@ -59,7 +63,7 @@ async fn a_job_whose_handler_stopped_waiting_is_left_to_the_relay() {
     let (waited, answer) = job("waited");
     jobs.send(abandoned).await.expect("queue");
     jobs.send(waited).await.expect("queue");
-    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).work(
+    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).await.work(
         confirmed,
         queued,
         CancellationToken::new(),
@@ -93,7 +97,7 @@ async fn a_job_past_its_deadline_is_answered_unpublished() {
     let (waited, answer) = job("waited");
     jobs.send(late).await.expect("queue");
     jobs.send(waited).await.expect("queue");
-    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).work(
+    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).await.work(
         confirmed,
         queued,
         CancellationToken::new(),
@@ -116,7 +120,7 @@ async fn no_batch_goes_out_on_a_channel_after_one_timed_out() {
     let ns = TestNamespace::new();
     let (connection, _channel) = ns.channel().await;
     // A bound of zero: no confirm can come before it passes, so every batch times out.
-    let publisher = publisher(&ns, Duration::ZERO);
+    let publisher = publisher(&ns, Duration::ZERO).await;
     // Which of two ready branches a `select!` takes can be left to chance; so many rounds
     // that a worker leaving it to chance publishes again in one of them.
     for round in 0..32 {

@@ -25,6 +25,11 @@
 //! relay is the safety net: a handler deletes its entry once the broker confirmed it, so the
 //! relay publishes only entries still pending `reclaim_idle` after it first read them (the
 //! handler's publish failed or timed out, or its process died), through the reclaim.
+//!
+//! Each round is noted in transit in Postgres (`seckill_store::transit`) before it is
+//! published: a copy the broker takes only after Redis lost the outbox entry is then still
+//! waited for by the ledger fence (`crate::stock::fence`). A round that cannot be noted is
+//! not published (it stays pending, and the relay reconnects).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,6 +145,8 @@ pub struct Relay {
     pub topology: Topology,
     /// Signs each message, so order-service knows it comes from here.
     pub signer: OrderSigner,
+    /// Where each round is noted in transit before it is published.
+    pub db: sqlx::PgPool,
     /// Entries per stream per round.
     pub batch: usize,
     /// Entries idle this long on another consumer are taken over.
@@ -171,9 +178,8 @@ impl std::fmt::Debug for Relay {
 }
 
 const IDLE_TICK: Duration = Duration::from_millis(50);
-/// Longest the relay waits for each confirm of a round before it reconnects (entries stay);
-/// a fence (`stock::fence::grace`) stands at least this long after Redis lost a ledger.
-pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest the relay waits for each confirm of a round before it reconnects (entries stay).
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the streams known to hold entries are read again, hinted or not.
 pub const REVISIT_EVERY: Duration = Duration::from_secs(1);
 /// The default `scan_every`: how long an entry nobody hinted (its replica died right after
@@ -207,8 +213,7 @@ impl Relay {
             .declare(&channel)
             .await
             .context("declare topology")?;
-        // Bounded: a confirm that never comes would stall the relay, and a fence (see
-        // `stock::fence`) counts on publishes begun before a loss ending within seconds.
+        // Bounded: a confirm that never comes would stall the relay.
         let publisher = ConfirmedPublisher::new(channel, CONFIRM_TIMEOUT)
             .await
             .context("enable publisher confirms")?;
@@ -393,6 +398,10 @@ impl Relay {
         if round.is_empty() {
             return Ok(0);
         }
+        if !crate::stock::fence::note_in_transit(&self.db, &purchases(&round)).await {
+            anyhow::bail!("could not note the round in transit: it stays in the outbox");
+        }
+        seckill_http::failpoint!("relay::after_note", Err(redis_lost()));
         let started = Instant::now();
         let mut pending = Vec::new();
         for (index, (_, entries)) in round.iter().enumerate() {
@@ -509,6 +518,25 @@ impl Supervised for Relay {
         let _ = connection.close(200, "relay stopping".into()).await;
         pumped
     }
+}
+
+/// The round's purchases (request id, product), for their transit note; an entry that names
+/// none is left out (order-service dead-letters it).
+fn purchases(round: &[(String, Vec<StreamId>)]) -> Vec<(uuid::Uuid, i64)> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        request_id: uuid::Uuid,
+        product_id: i64,
+    }
+    round
+        .iter()
+        .flat_map(|(_, entries)| entries)
+        .filter_map(|entry| {
+            let payload: Vec<u8> = entry.get("payload")?;
+            let named: Named = serde_json::from_slice(&payload).ok()?;
+            Some((named.request_id, named.product_id))
+        })
+        .collect()
 }
 
 fn unix_ms() -> i64 {

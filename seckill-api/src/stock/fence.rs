@@ -13,7 +13,10 @@
 //!
 //! A purchase on its way is in one of five places; the fence rules each out, in this order:
 //! 1. **a publish begun before the loss**: the fence first stands for [`grace`] (twice the
-//!    publish timeout, which bounds the handlers' publishes and the relay's confirms);
+//!    publish timeout and half a second). By then each such publish was confirmed (its
+//!    message is in the queue) or noted in transit (step 5): the handlers' publisher notes
+//!    a message still unconfirmed when its handler stops waiting (`crate::publisher`), the
+//!    relay notes a round before publishing it (`crate::relay`);
 //! 2. **the product's outbox streams**: they are empty (new purchases of the product are
 //!    refused while the fence stands, so nothing is added to them);
 //! 3. **the main queue**: a passive declare finds no ready message, answered fast (a quorum
@@ -29,9 +32,11 @@
 //!    its exclusive queue is gone: the broker closed the connection and returns what it held,
 //!    so its report is deleted and the reading starts again (the queue still counting the
 //!    dead consumer makes the counts of step 3 disagree until the return is applied);
-//! 5. **a retry tier or the dead-letter exchange**: no purchase of the product that
-//!    order-service passed on there (`order_transit`, noted before the copy was published)
-//!    is without an order or a dead letter yet.
+//! 5. **out of sight**: no purchase of the product noted in transit (`seckill_store::transit`:
+//!    a publish whose confirm did not come, a relay round, a copy order-service passed on to
+//!    a retry tier or the dead-letter exchange) is without an order or a dead letter yet —
+//!    however late it comes, up to [`seckill_store::transit::HOLDS_FOR`], past which its
+//!    copy is presumed lost and the fence logs its request id.
 //!
 //! So the fence is the product's: other products' deliveries, retries and dead letters
 //! hold nothing, and a product whose purchases have all landed sells again within about
@@ -39,11 +44,13 @@
 //! main queue (a paused or overtaken consumer): those messages may be any product's, so a
 //! backlog holds every fenced product until it is delivered.
 //!
-//! What it rests on is time, not proof: a publish not confirmed within the grace does not
-//! reach the queue later (a connection the broker blocks for an alarm would break that), a
-//! delivery handed out reaches its consumer within [`DISPATCH_MARGIN`], a nack is applied
-//! within 5 s. Past them a purchase may land after the rebuild and its unit be sold twice:
-//! Postgres still refuses to oversell, and the later of the two ends as a failed result.
+//! What it rests on is time, not proof, in three places: a handler's unconfirmed publish is
+//! noted within the grace (its note is written once the handler stops waiting, at most a
+//! publish timeout after it began, which leaves a publish timeout and half a second for
+//! the write), a delivery handed out reaches its consumer within [`DISPATCH_MARGIN`], a
+//! nack is applied within 5 s. Past them a purchase may land after the rebuild and its unit
+//! be sold twice: Postgres still refuses to oversell, and the later of the two ends as a
+//! failed result.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -56,12 +63,30 @@ use sqlx::PgPool;
 
 use seckill_messaging::SignatureError;
 
-/// How long the fence stands at least: publishes begun before the loss have by then been
-/// confirmed or abandoned (a handler's job waits at most `publish_timeout` to be taken and
-/// as long for its confirm; a relay round at most [`crate::relay::CONFIRM_TIMEOUT`]), with
-/// a margin.
+/// How long the fence stands at least: each publish begun before the loss has by then
+/// been confirmed or noted in transit (a handler's job waits at most `publish_timeout` to
+/// be taken, and is noted if unconfirmed when that wait ends; a relay round is noted before
+/// it is published), with another `publish_timeout` and half a second for the note.
 pub fn grace(publish_timeout: Duration) -> Duration {
-    (2 * publish_timeout).max(crate::relay::CONFIRM_TIMEOUT) + Duration::from_millis(500)
+    2 * publish_timeout + Duration::from_millis(500)
+}
+
+/// Notes purchases in transit (`seckill_store::transit`), counting the outcome in
+/// [`crate::metrics::TRANSIT_NOTES`]; false if the note could not be written.
+pub async fn note_in_transit(db: &PgPool, purchases: &[(uuid::Uuid, i64)]) -> bool {
+    match seckill_store::transit::note(db, purchases).await {
+        Ok(()) => {
+            metrics::counter!(crate::metrics::TRANSIT_NOTES, "outcome" => "noted")
+                .increment(purchases.len() as u64);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, count = purchases.len(), "could not note purchases in transit");
+            metrics::counter!(crate::metrics::TRANSIT_NOTES, "outcome" => "failed")
+                .increment(purchases.len() as u64);
+            false
+        }
+    }
 }
 
 /// How long after a quiet reading the consumers' reports are read: long enough for each to
@@ -243,18 +268,18 @@ impl Fence {
                 return Ok(true);
             }
         }
-        let in_transit: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM order_transit t WHERE t.product_id = $1 \
-             AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.request_id = t.request_id) \
-             AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = t.request_id::text \
-                             AND d.error_code <> ALL($2))",
-        )
-        .bind(product_id)
-        .bind(SignatureError::CODES.to_vec())
-        .fetch_one(&self.db)
-        .await
-        .context("count purchases in transit")?;
-        Ok(in_transit > 0)
+        let unlanded =
+            seckill_store::transit::unlanded(&self.db, product_id, &SignatureError::CODES)
+                .await
+                .context("read the purchases in transit")?;
+        if !unlanded.expired.is_empty() {
+            tracing::warn!(
+                product_id,
+                request_ids = ?unlanded.expired,
+                "purchases noted in transit long ago never landed; presumed lost"
+            );
+        }
+        Ok(unlanded.holding > 0)
     }
 
     /// What the consumers' reports say of the product since `quiet`.

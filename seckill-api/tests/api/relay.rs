@@ -12,7 +12,7 @@ use seckill_store::RedisConn;
 use seckill_testkit::{TestNamespace, eventually};
 
 /// A relay over `ns` that nobody hints, behind handlers that publish (the default).
-fn relay(ns: &TestNamespace, redis: seckill_store::Redis) -> (Relay, Arc<RelayWork>) {
+async fn relay(ns: &TestNamespace, redis: seckill_store::Redis) -> (Relay, Arc<RelayWork>) {
     let work = Arc::new(RelayWork::default());
     let relay = Relay {
         redis,
@@ -22,6 +22,13 @@ fn relay(ns: &TestNamespace, redis: seckill_store::Redis) -> (Relay, Arc<RelayWo
         signer: seckill_messaging::OrderSigner::new(
             ns.backend_settings().order_signing_key.expose(),
         ),
+        db: seckill_store::postgres::connect_and_migrate(
+            &ns.database_url,
+            2,
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("migrated database"),
         batch: 256,
         reclaim_idle: Duration::from_millis(200),
         hints: Arc::new(RelayHints::default()),
@@ -102,7 +109,7 @@ async fn a_relay_pass_costs_nothing_per_finished_sale_in_a_registry_of_10000() {
     create_group(&mut conn, &live).await.expect("group");
     write_entry(&mut conn, &live, "live-1").await;
 
-    let (relay, work) = relay(&ns, redis_of(&ns));
+    let (relay, work) = relay(&ns, redis_of(&ns)).await;
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));
     // The first safety scan probes all 10,001 streams and retires the finished ones.
@@ -178,7 +185,7 @@ async fn entries_of_a_dead_replica_are_relayed_without_any_hint() {
         .expect("dead read");
     write_entry(&mut conn, &stream, "never-read").await;
 
-    let (relay, _) = relay(&ns, redis_of(&ns));
+    let (relay, _) = relay(&ns, redis_of(&ns)).await;
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));
     eventually("both entries relayed", Duration::from_secs(20), || async {
@@ -245,7 +252,7 @@ async fn consumer_names_of_dead_replicas_are_pruned_once_they_hold_nothing() {
     );
 
     // The relay takes the holder's entry over, publishes it, and prunes the holder too.
-    let (relay, _) = relay(&ns, redis_of(&ns));
+    let (relay, _) = relay(&ns, redis_of(&ns)).await;
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));
     eventually("the holder pruned", Duration::from_secs(20), || async {
@@ -254,6 +261,57 @@ async fn consumer_names_of_dead_replicas_are_pruned_once_they_hold_nothing() {
         (queued(&ns).await == 1 && !names.contains(&"holder".to_string())).then_some(())
     })
     .await;
+    cancel.cancel();
+    task.await.expect("join").expect("relay");
+    ns.cleanup().await;
+}
+
+/// The relay notes what it publishes in transit first: should Redis lose the entry while
+/// the broker holds the copy unconfirmed, the ledger fence still waits for it to land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_notes_each_purchase_in_transit_before_publishing_it() {
+    let ns = TestNamespace::new();
+    let keys = ns.keys();
+    let mut conn = ns.redis().await;
+    let stream = keys.outbox(7, 0);
+    register(&mut conn, &keys, &stream, unix_ms() + 3_600_000)
+        .await
+        .expect("register");
+    create_group(&mut conn, &stream).await.expect("group");
+    // A purchase its handler left behind: in the outbox, nobody publishing it.
+    let request_id = uuid::Uuid::now_v7();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("request_id")
+        .arg(request_id.to_string())
+        .arg("payload")
+        .arg(format!(r#"{{"request_id":"{request_id}","product_id":7}}"#))
+        .arg("http_request_id")
+        .arg("test")
+        .query_async(&mut conn)
+        .await
+        .expect("xadd");
+    let (relay, _) = relay(&ns, redis_of(&ns)).await;
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(relay.run(cancel.clone()));
+    eventually("the entry relayed", Duration::from_secs(20), || async {
+        (queued(&ns).await == 1).then_some(())
+    })
+    .await;
+    let db = ns.db().await;
+    let noted: Vec<(uuid::Uuid, i64)> =
+        sqlx::query_as("SELECT request_id, product_id FROM order_transit WHERE request_id = $1")
+            .bind(request_id)
+            .fetch_all(&db)
+            .await
+            .expect("transit notes");
+    assert_eq!(
+        noted,
+        [(request_id, 7)],
+        "the relayed purchase was not noted"
+    );
+    db.close().await;
     cancel.cancel();
     task.await.expect("join").expect("relay");
     ns.cleanup().await;

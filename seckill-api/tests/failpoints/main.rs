@@ -157,6 +157,11 @@ async fn relay_after_read_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relay_after_note_error() {
+    relay_fails_at("relay::after_note", "2*return", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relay_after_publish_error() {
     relay_fails_at("relay::after_publish", "2*return", false).await;
 }
