@@ -19,6 +19,7 @@
 //!   scripts): the purchase, sweeps, abandoned reservations, lazy loading under a lock.
 //! - [`publisher`] — the handlers' confirmed publishing of accepted purchases.
 //! - [`relay`] — the outbox → RabbitMQ relay (the safety net behind the handlers).
+//! - [`transit`] — what both note in Postgres before it is out of the ledger fence's sight.
 //! - [`metrics`] — the purchase and outbox metrics' names and help; the relay's
 //!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
@@ -44,6 +45,7 @@ pub mod relay;
 pub mod sold_out;
 pub mod startup;
 pub mod stock;
+pub mod transit;
 
 pub use config::Settings;
 pub use startup::Application;

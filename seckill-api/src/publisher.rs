@@ -362,7 +362,7 @@ impl OrderPublisher {
                 Some((request_id, job.product_id))
             })
             .collect();
-        let noted = crate::stock::fence::note_in_transit(&self.inner.db, &purchases);
+        let noted = crate::transit::note(&self.inner.db, &purchases);
         if tokio::time::timeout(self.inner.timeout, noted)
             .await
             .is_err()

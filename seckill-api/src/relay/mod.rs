@@ -398,7 +398,7 @@ impl Relay {
         if round.is_empty() {
             return Ok(0);
         }
-        if !crate::stock::fence::note_in_transit(&self.db, &purchases(&round)).await {
+        if !crate::transit::note(&self.db, &purchases(&round)).await {
             anyhow::bail!("could not note the round in transit: it stays in the outbox");
         }
         seckill_http::failpoint!("relay::after_note", Err(redis_lost()));

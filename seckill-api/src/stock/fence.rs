@@ -71,24 +71,6 @@ pub fn grace(publish_timeout: Duration) -> Duration {
     2 * publish_timeout + Duration::from_millis(500)
 }
 
-/// Notes purchases in transit (`seckill_store::transit`), counting the outcome in
-/// [`crate::metrics::TRANSIT_NOTES`]; false if the note could not be written.
-pub async fn note_in_transit(db: &PgPool, purchases: &[(uuid::Uuid, i64)]) -> bool {
-    match seckill_store::transit::note(db, purchases).await {
-        Ok(()) => {
-            metrics::counter!(crate::metrics::TRANSIT_NOTES, "outcome" => "noted")
-                .increment(purchases.len() as u64);
-            true
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, count = purchases.len(), "could not note purchases in transit");
-            metrics::counter!(crate::metrics::TRANSIT_NOTES, "outcome" => "failed")
-                .increment(purchases.len() as u64);
-            false
-        }
-    }
-}
-
 /// How long after a quiet reading the consumers' reports are read: long enough for each to
 /// report as of [`DISPATCH_MARGIN`] after it (they report every 100 ms).
 const REPORTS_AFTER: Duration = Duration::from_millis(800);
