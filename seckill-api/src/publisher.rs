@@ -56,6 +56,8 @@ use seckill_messaging::{
 
 /// Messages a worker publishes in one go at most.
 const MAX_BATCH: usize = 512;
+/// How soon a transit note that failed is tried again.
+const NOTE_RETRY_AFTER: Duration = Duration::from_millis(50);
 
 /// Publishes order messages with a confirm, from any request; cheap to clone.
 #[derive(Clone)]
@@ -130,10 +132,17 @@ pub enum PublishError {
 }
 
 impl PublishError {
-    /// Whether the message may still reach the queue (no confirm came, or the channel
-    /// failed after it was written), rather than surely not (never sent, or refused).
+    /// Whether a message of the batch may still reach the queue later (no confirm came,
+    /// the channel failed after it was written, or it went out on a channel not
+    /// confirming). Not when it was never sent, nor when a message was nacked or returned:
+    /// those did not reach the queue, and the batch's others are in it already.
     pub fn fate_unknown(&self) -> bool {
-        matches!(self, PublishError::TimedOut | PublishError::Channel(_))
+        matches!(
+            self,
+            PublishError::TimedOut
+                | PublishError::Channel(_)
+                | PublishError::Refused(NotTaken::NotConfirmed)
+        )
     }
 
     /// Its `reason` label on `outbox_confirm_failures_total`.
@@ -353,7 +362,8 @@ impl OrderPublisher {
         }
     }
 
-    /// Notes the batch's purchases in transit, within the publish timeout.
+    /// Notes the batch's purchases in transit, trying again (a note is idempotent) for up
+    /// to a publish timeout: the fence's grace leaves the note that long.
     async fn note_in_transit(&self, batch: &[Job]) {
         let purchases: Vec<(uuid::Uuid, i64)> = batch
             .iter()
@@ -362,15 +372,25 @@ impl OrderPublisher {
                 Some((request_id, job.product_id))
             })
             .collect();
-        let noted = crate::transit::note(&self.inner.db, &purchases);
-        if tokio::time::timeout(self.inner.timeout, noted)
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                count = purchases.len(),
-                "noting unconfirmed publishes in transit timed out"
-            );
+        let give_up = Instant::now() + self.inner.timeout;
+        loop {
+            let noted =
+                tokio::time::timeout_at(give_up, crate::transit::note(&self.inner.db, &purchases))
+                    .await;
+            match noted {
+                Ok(true) => return,
+                Ok(false) if Instant::now() + NOTE_RETRY_AFTER < give_up => {
+                    tokio::time::sleep(NOTE_RETRY_AFTER).await;
+                }
+                _ => {
+                    tracing::error!(
+                        count = purchases.len(),
+                        "could not note unconfirmed publishes in transit: a ledger rebuild \
+                         may not wait for them"
+                    );
+                    return;
+                }
+            }
         }
     }
 
