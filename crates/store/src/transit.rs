@@ -3,16 +3,17 @@
 //! after Redis lost a product's ledger, a purchase noted here holds the product until an
 //! order or a dead letter with its request id exists.
 //!
-//! Three writers note a purchase, each before its copy can be out of sight:
+//! Three writers note a purchase, each before the fence could miss its copy:
 //! - seckill-api's handlers' publisher, once a handler's wait for a confirm has run out
 //!   while the message was already on the wire (the broker may still take it much later:
-//!   a connection blocked by an alarm is read again only once the alarm clears);
+//!   a connection blocked by an alarm is read again only once the alarm clears), within
+//!   the fence's grace;
 //! - seckill-api's relay, before it publishes a round;
 //! - order-service, before it publishes a retry or dead-letter copy.
 //!
 //! A copy that never lands (lost with a connection, refused, or its queue dropped) would hold
 //! its product for good: a note stops holding after [`HOLDS_FOR`] and the fence logs its
-//! request id. Notes are deleted by order-service once landed, or once a day old.
+//! request id. Notes are deleted by order-service a minute after landing, or once a day old.
 
 use std::time::Duration;
 

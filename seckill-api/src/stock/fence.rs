@@ -44,11 +44,12 @@
 //! main queue (a paused or overtaken consumer): those messages may be any product's, so a
 //! backlog holds every fenced product until it is delivered.
 //!
-//! What it rests on is time, not proof, in three places: a handler's unconfirmed publish is
+//! What it rests on is time, not proof, in four places: a handler's unconfirmed publish is
 //! noted within the grace (its note is written once the handler stops waiting, at most a
 //! publish timeout after it began, which leaves a publish timeout and half a second for
 //! the write), a delivery handed out reaches its consumer within [`DISPATCH_MARGIN`], a
-//! nack is applied within 5 s. Past them a purchase may land after the rebuild and its unit
+//! nack is applied within 5 s, a noted copy lands within
+//! [`seckill_store::transit::HOLDS_FOR`]. Past them a purchase may land after the rebuild and its unit
 //! be sold twice: Postgres still refuses to oversell, and the later of the two ends as a
 //! failed result.
 

@@ -442,7 +442,6 @@ async fn forge(
     );
 }
 
-/// Live orders of `product` in Postgres.
 /// A publish the broker holds unconfirmed (a memory alarm: the node stops reading from
 /// publishing connections) may reach the queue long after its handler gave up and answered
 /// `202` on the outbox. Once Redis lost that outbox, the stuck publish is the purchase's
@@ -515,6 +514,7 @@ async fn a_publish_the_broker_holds_keeps_the_fence_up_until_it_lands() {
     app.shutdown().await;
 }
 
+/// Live orders of `product` in Postgres.
 async fn live_orders(db: &sqlx::PgPool, product: i64) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM orders WHERE product_id = $1 AND status <> 'cancelled'",
