@@ -199,6 +199,18 @@ impl Validate for Settings {
         if self.retry_tiers.is_empty() || self.retry_tiers.iter().any(Duration::is_zero) {
             return Err("retry_tiers_ms must list positive millisecond delays".into());
         }
+        // A purchase waiting in a tier is noted in transit, and a note holds a rebuilt
+        // ledger's fence for `HOLDS_FOR` at most: the copy must be back well within it.
+        if self
+            .retry_tiers
+            .iter()
+            .any(|tier| *tier > seckill_store::transit::HOLDS_FOR / 2)
+        {
+            return Err(format!(
+                "retry_tiers_ms must each be at most {} (half of how long a transit note holds)",
+                (seckill_store::transit::HOLDS_FOR / 2).as_millis()
+            ));
+        }
         if self.breaker_window_size == 0
             || self.breaker_minimum_calls == 0
             || self.breaker_half_open_calls == 0
@@ -236,5 +248,21 @@ impl Validate for Settings {
             return Err("redrive_per_sec must be positive and redrive_burst at least 1".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_tier_longer_than_half_a_transit_note_is_refused() {
+        let mut settings = Settings::default();
+        assert_eq!(settings.validate(), Ok(()));
+        settings.retry_tiers = vec![Duration::from_secs(1), Duration::from_secs(151)];
+        let refused = settings.validate().expect_err("a 151 s tier");
+        assert!(refused.contains("retry_tiers_ms"), "{refused}");
+        settings.retry_tiers = vec![Duration::from_secs(150)];
+        assert_eq!(settings.validate(), Ok(()));
     }
 }
