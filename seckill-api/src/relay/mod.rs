@@ -523,18 +523,13 @@ impl Supervised for Relay {
 /// The round's purchases (request id, product), for their transit note; an entry that names
 /// none is left out (order-service dead-letters it).
 fn purchases(round: &[(String, Vec<StreamId>)]) -> Vec<(uuid::Uuid, i64)> {
-    #[derive(serde::Deserialize)]
-    struct Named {
-        request_id: uuid::Uuid,
-        product_id: i64,
-    }
     round
         .iter()
         .flat_map(|(_, entries)| entries)
         .filter_map(|entry| {
             let payload: Vec<u8> = entry.get("payload")?;
-            let named: Named = serde_json::from_slice(&payload).ok()?;
-            Some((named.request_id, named.product_id))
+            let msg: seckill_messaging::OrderMessage = serde_json::from_slice(&payload).ok()?;
+            Some((msg.request_id, msg.product_id))
         })
         .collect()
 }

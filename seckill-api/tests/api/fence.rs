@@ -275,11 +275,7 @@ async fn a_product_sells_again_while_another_products_purchase_is_still_on_its_w
     // Through the retry tier and back, at least once: still refused.
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_error(app.purchase(held, 3).await, 503, "ledger_rebuilding").await;
-    let noted: i64 = sqlx::query_scalar("SELECT count(*) FROM order_transit WHERE product_id = $1")
-        .bind(held)
-        .fetch_one(&db)
-        .await
-        .expect("transit notes");
+    let noted = transit_notes(&db, held).await;
     assert_eq!(noted, 1, "the retried purchase was not noted in transit");
     // The lock goes: the purchase lands, and only then does `held` sell again.
     lock.rollback().await.expect("unlock");
@@ -486,11 +482,7 @@ async fn a_publish_the_broker_holds_keeps_the_fence_up_until_it_lands() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let noted: i64 = sqlx::query_scalar("SELECT count(*) FROM order_transit WHERE product_id = $1")
-        .bind(product)
-        .fetch_one(&db)
-        .await
-        .expect("transit notes");
+    let noted = transit_notes(&db, product).await;
     assert_eq!(noted, 1, "the unconfirmed publish was not noted in transit");
 
     // The alarm clears: the held publish lands, and only then is the ledger rebuilt.
@@ -512,6 +504,15 @@ async fn a_publish_the_broker_holds_keeps_the_fence_up_until_it_lands() {
     let _ = orders.await;
     db.close().await;
     app.shutdown().await;
+}
+
+/// Purchases of `product` noted in transit.
+async fn transit_notes(db: &sqlx::PgPool, product: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM order_transit WHERE product_id = $1")
+        .bind(product)
+        .fetch_one(db)
+        .await
+        .expect("transit notes")
 }
 
 /// Live orders of `product` in Postgres.

@@ -286,7 +286,17 @@ async fn the_relay_notes_each_purchase_in_transit_before_publishing_it() {
         .arg("request_id")
         .arg(request_id.to_string())
         .arg("payload")
-        .arg(format!(r#"{{"request_id":"{request_id}","product_id":7}}"#))
+        .arg(
+            serde_json::to_string(&seckill_messaging::OrderMessage {
+                request_id,
+                user_id: 1,
+                product_id: 7,
+                price_cents: 100,
+                created_at: chrono::Utc::now(),
+                bucket: Some(0),
+            })
+            .expect("json"),
+        )
         .arg("http_request_id")
         .arg("test")
         .query_async(&mut conn)
