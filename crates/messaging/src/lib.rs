@@ -2,6 +2,8 @@
 //!
 //! Layout:
 //! - [`OrderMessage`]: the body seckill-api publishes and order-service consumes.
+//! - [`batch`] — group commit: several purchases in one message, each part the signed
+//!   single-order message it stands for ([`batch::unpack`]).
 //! - [`topology`] — exchange/queue names under a namespace, declared idempotently.
 //! - [`publish`] — [`ConfirmedPublisher`]: persistent, `mandatory` publishes whose confirms
 //!   are bounded in time and judged by [`taken`]; every publisher of the services uses it.
@@ -13,6 +15,7 @@
 //!   after each failure, with jittered exponential backoff, until cancelled.
 //! - [`connect`] — an AMQP connection with retry while the broker comes up.
 
+pub mod batch;
 pub mod publish;
 pub mod signature;
 pub mod stat;

@@ -175,6 +175,38 @@ impl ConfirmedPublisher {
         .await
     }
 
+    /// Publishes `orders` as one batch message ([`crate::batch`]): each part signed by
+    /// `signer`; one order alone goes as a plain single-order message
+    /// ([`Self::send_order`]). Every payload must be [`crate::batch::embeddable`] (callers
+    /// send any other alone). One confirm answers for all of them.
+    pub async fn send_orders(
+        &self,
+        signer: &OrderSigner,
+        topology: &Topology,
+        orders: &[crate::batch::Outgoing<'_>],
+    ) -> Result<Confirm, PublishError> {
+        if let [order] = orders {
+            return self
+                .send_order(
+                    signer,
+                    topology,
+                    order.request_id,
+                    order.http_request_id,
+                    order.payload,
+                    order.trace,
+                )
+                .await;
+        }
+        let body = crate::batch::encode(signer, orders);
+        self.send(
+            &topology.exchange,
+            &topology.routing_key,
+            &body,
+            crate::batch::properties(orders.len()),
+        )
+        .await
+    }
+
     /// Waits for `confirm` up to the publisher's bound and judges it. On a timeout the
     /// channel is closed: a late confirm would be credited to a later message.
     pub async fn confirmed(&self, confirm: Confirm) -> Result<(), PublishError> {
