@@ -30,7 +30,9 @@ pub struct Settings {
     /// Delay before a message that hit a transient failure is requeued (`requeue_delay_ms`).
     #[serde(rename = "requeue_delay_ms", with = "seckill_config::formats::millis")]
     pub requeue_delay: Duration,
-    /// Most messages written in one transaction (1 = one transaction per message).
+    /// Purchases gathered for one transaction (1 = one transaction per message). A message
+    /// carrying several purchases (group commit) counts each, and is never split: its
+    /// purchases share one transaction, even past this number.
     pub batch_size: usize,
     /// How long a batch waits for more messages after its first one (`batch_linger_ms`).
     #[serde(rename = "batch_linger_ms", with = "seckill_config::formats::millis")]

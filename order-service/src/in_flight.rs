@@ -50,8 +50,9 @@ pub struct Holdings {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Delivery tag → the purchase's product (none for a body that names no product).
-    held: HashMap<u64, Option<i64>>,
+    /// Delivery tag → the products of the purchases it carries (none for a body that names
+    /// no product).
+    held: HashMap<u64, Vec<i64>>,
     /// When a delivery was last handed back to the queue (a nack or a fresh copy).
     handed_back_at: Option<Instant>,
     /// While a broker consumer exists: the start of the last sync (everything sent before
@@ -106,9 +107,9 @@ impl Holdings {
         self.lock().synced_at = None;
     }
 
-    /// A delivery arrived.
-    pub fn received(&self, tag: u64, data: &[u8]) {
-        self.lock().held.insert(tag, product_of(data));
+    /// A delivery arrived, carrying purchases of `products`.
+    pub fn received(&self, tag: u64, products: Vec<i64>) {
+        self.lock().held.insert(tag, products);
     }
 
     /// Deliveries are done: written, passed on with their transit noted, or handed back.
@@ -247,7 +248,7 @@ impl Drop for Reporting {
 }
 
 /// The product a message body names, read without the rest of it.
-fn product_of(data: &[u8]) -> Option<i64> {
+pub fn product_of(data: &[u8]) -> Option<i64> {
     #[derive(Deserialize)]
     struct Named {
         product_id: i64,
@@ -264,10 +265,14 @@ mod tests {
     #[test]
     fn a_holder_reports_the_products_in_hand_until_they_are_released() {
         let holdings = Holdings::new("ns.orders.created");
-        holdings.received(1, br#"{"request_id":"x","product_id":7,"user_id":1}"#);
-        holdings.received(2, br#"{"product_id":7}"#);
-        holdings.received(3, b"not json");
-        holdings.received(4, br#"{"product_id":9}"#);
+        let products = |bodies: &[&[u8]]| bodies.iter().filter_map(|b| product_of(b)).collect();
+        holdings.received(
+            1,
+            products(&[br#"{"request_id":"x","product_id":7,"user_id":1}"#]),
+        );
+        holdings.received(2, products(&[br#"{"product_id":7}"#, b"not json"]));
+        holdings.received(3, products(&[b"not json"]));
+        holdings.received(4, products(&[br#"{"product_id":9}"#]));
         let held = |holdings: &Holdings| {
             let mut products: Vec<i64> = holdings.lock().held.values().flatten().copied().collect();
             products.sort_unstable();

@@ -80,19 +80,9 @@ impl Recorder {
                     None => break Err(anyhow::anyhow!("dead-letter stream ended")),
                 },
             };
-            let arrival = Arrival::from_message(&delivery.data, &delivery.properties, &self.signer);
-            match parking::record(&self.db, &arrival, self.quarantine_after).await {
-                Ok(status) => {
+            match self.park(&delivery).await {
+                Ok(()) => {
                     seckill_http::failpoint!("record::after_insert", Err(channel_lost()));
-                    metrics::counter!(crate::metrics::ORDERS_PARKED, "reason" => arrival.error_code.clone())
-                        .increment(1);
-                    if status == "quarantined" {
-                        tracing::error!(event_id = %arrival.event_id, error_code = %arrival.error_code,
-                            "dead letter failed again after its last allowed redrive: quarantined");
-                    } else {
-                        tracing::warn!(event_id = %arrival.event_id, error_code = %arrival.error_code,
-                            status, "dead letter parked");
-                    }
                     if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
                         tracing::warn!(error = %e, "could not ack a parked dead letter");
                     }
@@ -112,6 +102,47 @@ impl Recorder {
         };
         let _ = connection.close(200, "order-service stopping".into()).await;
         ended
+    }
+
+    /// Parks what a dead letter carries: one entry, or one per purchase of a batch (which
+    /// reaches the dead-letter queue whole only when the broker dead-letters it itself, at
+    /// the delivery limit). Each is recorded as its own dead letter, so a batch's purchases
+    /// are redriven or ignored one by one.
+    async fn park(&self, delivery: &lapin::message::Delivery) -> anyhow::Result<()> {
+        let arrivals = match seckill_messaging::batch::is_batch(&delivery.properties)
+            .then(|| seckill_messaging::batch::unpack(&delivery.data, &delivery.properties))
+        {
+            Some(Ok(parts)) => parts
+                .iter()
+                .map(|part| Arrival::from_message(&part.data, &part.properties, &self.signer))
+                .collect(),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "unreadable batch in the dead-letter queue, parked whole");
+                vec![Arrival::from_message(
+                    &delivery.data,
+                    &delivery.properties,
+                    &self.signer,
+                )]
+            }
+            None => vec![Arrival::from_message(
+                &delivery.data,
+                &delivery.properties,
+                &self.signer,
+            )],
+        };
+        for arrival in &arrivals {
+            let status = parking::record(&self.db, arrival, self.quarantine_after).await?;
+            metrics::counter!(crate::metrics::ORDERS_PARKED, "reason" => arrival.error_code.clone())
+                .increment(1);
+            if status == "quarantined" {
+                tracing::error!(event_id = %arrival.event_id, error_code = %arrival.error_code,
+                    "dead letter failed again after its last allowed redrive: quarantined");
+            } else {
+                tracing::warn!(event_id = %arrival.event_id, error_code = %arrival.error_code,
+                    status, "dead letter parked");
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,10 +1,10 @@
-//! Handling one batch of deliveries: parse them, write what parsed in one transaction,
-//! then finish each delivery by what the write said (`super::delivery`).
+//! Handling one batch of deliveries: parse the messages they carry (a delivery may be a
+//! batch of purchases itself), write what parsed in one transaction, then finish each
+//! message by what the write said (`super::delivery`).
 
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
-use lapin::message::Delivery;
 use lapin::options::BasicRejectOptions;
 use tracing::Instrument as _;
 
@@ -16,6 +16,7 @@ use super::delivery::{Exhausted, Out};
 use super::headers::{
     attempt_of, delivery_count, delivery_span, retried_at, signature_of, trace_of,
 };
+use super::message::{Msg, Received};
 use crate::metrics as names;
 use crate::orders;
 
@@ -27,23 +28,24 @@ impl OrderConsumer {
     /// purchase the database now holds is finished as a redelivery of it would be (its
     /// buyer's result written, acked), and only the others are dead-lettered. Deliveries the
     /// batch already finished are left alone: one may be awaiting its (coalesced) ack.
-    pub(super) async fn handle_even_on_panic(self, batch: Vec<Delivery>, out: Out) {
-        let tags: Vec<u64> = batch.iter().map(|d| d.delivery_tag).collect();
+    pub(super) async fn handle_even_on_panic(self, batch: Vec<Received>, out: Out) {
+        let tags: Vec<u64> = batch.iter().map(Received::tag).collect();
         let mut kept = Vec::with_capacity(batch.len());
-        for delivery in batch {
+        for received in batch {
             // One crash short of the delivery limit, the broker would dead-letter it itself
-            // should this one crash too: its transit is noted first (`crate::in_flight`), or
-            // it goes back to the queue.
-            if delivery_count(&delivery) + 1 >= DELIVERY_LIMIT
-                && !self.note_passing_on(&delivery).await
+            // should this one crash too: its purchases' transit is noted first
+            // (`crate::in_flight`), or it goes back to the queue.
+            if delivery_count(&received.delivery.properties) + 1 >= DELIVERY_LIMIT
+                && !self.note_all_passing_on(&received.messages()).await
             {
-                self.requeue(&out, &delivery).await;
+                self.requeue_delivery(&out, &received).await;
             } else {
-                kept.push(delivery);
+                kept.push(received);
             }
         }
         let batch = kept;
-        let handled = AssertUnwindSafe(self.handle_batch(&batch, &out))
+        let messages: Vec<Msg<'_>> = batch.iter().flat_map(Received::messages).collect();
+        let handled = AssertUnwindSafe(self.handle_batch(&messages, &out))
             .catch_unwind()
             .await;
         if handled.is_ok() {
@@ -52,9 +54,10 @@ impl OrderConsumer {
         }
         tracing::error!("order handler panicked; finishing what it wrote, dead-lettering the rest");
         let unsettled = out.acks.still_in_hand(&tags).await;
-        let in_hand: Vec<&Delivery> = batch
+        let in_hand: Vec<Msg<'_>> = batch
             .iter()
-            .filter(|d| unsettled.contains(&d.delivery_tag))
+            .filter(|r| unsettled.contains(&r.tag()))
+            .flat_map(|r| r.unsettled(&out.parts))
             .collect();
         let finished = AssertUnwindSafe(self.finish_committed(&in_hand, &out))
             .catch_unwind()
@@ -63,35 +66,49 @@ impl OrderConsumer {
             tracing::error!("finishing a panicked batch panicked too, dead-lettering the rest");
         }
         let unsettled = out.acks.still_in_hand(&tags).await;
-        for delivery in batch.iter().filter(|d| unsettled.contains(&d.delivery_tag)) {
-            if !self.note_passing_on(delivery).await {
-                self.hand_back(&out, delivery).await;
-                continue;
+        for received in batch.iter().filter(|r| unsettled.contains(&r.tag())) {
+            for message in received.unsettled(&out.parts) {
+                if message.part.is_some() {
+                    // A part goes to the dead-letter exchange as its own message.
+                    self.dead_letter(&out, message, "panic", "its handler panicked")
+                        .await;
+                    continue;
+                }
+                let delivery = message.delivery;
+                if !self.note_passing_on(message).await {
+                    self.hand_back_delivery(&out, delivery).await;
+                    continue;
+                }
+                if delivery
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await
+                    .is_ok()
+                {
+                    metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => "panic")
+                        .increment(1);
+                } else {
+                    metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
+                }
+                out.acks.settled_elsewhere(delivery.delivery_tag).await;
             }
-            if delivery
-                .reject(BasicRejectOptions { requeue: false })
-                .await
-                .is_ok()
-            {
-                metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => "panic").increment(1);
-            } else {
-                metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
-            }
-            out.acks.settled_elsewhere(delivery.delivery_tag).await;
         }
         out.holdings.released(&tags);
     }
 
-    /// After a panic: finishes each delivery of `in_hand` whose purchase the database holds
+    /// After a panic: finishes each message of `in_hand` whose purchase the database holds
     /// (its live order: the buyer's result is written and it is acked; its cancelled one: it
     /// is acked), as [`Self::handle_batch`] would have had its answer not been lost. It trusts
-    /// a delivery as that does: only once its signature verifies and its body parses. The
+    /// a message as that does: only once its signature verifies and its body parses. The
     /// others, and all of them if the database cannot say, stay in hand.
-    async fn finish_committed(&self, in_hand: &[&Delivery], out: &Out) {
-        let trusted: Vec<(&Delivery, OrderMessage)> = in_hand
+    async fn finish_committed(&self, in_hand: &[Msg<'_>], out: &Out) {
+        let trusted: Vec<(Msg<'_>, OrderMessage)> = in_hand
             .iter()
-            .filter(|d| self.signer.verify(&d.data, signature_of(d)).is_ok())
-            .filter_map(|d| Some((*d, serde_json::from_slice::<OrderMessage>(&d.data).ok()?)))
+            .filter(|m| {
+                self.signer
+                    .verify(m.data, signature_of(m.properties))
+                    .is_ok()
+            })
+            .filter_map(|m| Some((*m, serde_json::from_slice::<OrderMessage>(m.data).ok()?)))
             .collect();
         if trusted.is_empty() {
             return;
@@ -104,42 +121,48 @@ impl OrderConsumer {
                 return;
             }
         };
-        let finishes = trusted.into_iter().filter_map(|(delivery, msg)| {
+        let finishes = trusted.into_iter().filter_map(|(message, msg)| {
             let outcome = written.get(&msg.request_id)?.clone();
             Some(
-                self.finish_written(out, delivery, msg, outcome)
-                    .instrument(delivery_span(delivery)),
+                self.finish_written(out, message, msg, outcome)
+                    .instrument(delivery_span(message.properties)),
             )
         });
         futures_util::future::join_all(finishes).await;
     }
 
-    /// Parses a batch, writes what parsed in one transaction, then settles each delivery.
-    async fn handle_batch(&self, batch: &[Delivery], out: &Out) {
+    /// Parses a batch's messages, writes what parsed in one transaction, then settles each.
+    async fn handle_batch(&self, batch: &[Msg<'_>], out: &Out) {
         let Some(permit) = self.breaker.try_acquire() else {
             // The breaker is refusing calls (the consumer is pausing, or half-open has all
             // the trial calls it allows): hand the batch back, no attempt counted.
-            let requeues = batch.iter().map(|delivery| self.requeue(out, delivery));
+            let requeues = batch.iter().map(|delivery| self.requeue(out, *delivery));
             futures_util::future::join_all(requeues).await;
             return;
         };
         metrics::counter!(names::ORDERS_CONSUMED).increment(batch.len() as u64);
         observe_retry_latency(batch);
-        let first = batch.iter().filter(|d| attempt_of(d) == 0).count();
+        let first = batch
+            .iter()
+            .filter(|d| attempt_of(d.properties) == 0)
+            .count();
         self.retry.record_first_attempts(first);
         let mut parsed = Vec::with_capacity(batch.len());
         // Each message's consume span, in its own trace; the batch's span links to them.
         let mut spans = Vec::with_capacity(batch.len());
         let batch_span =
             tracing::info_span!("order.batch", service = "order-service", size = batch.len());
-        for delivery in batch {
-            let span = delivery_span(delivery);
-            if let Some(trace) = trace_of(delivery) {
+        for &delivery in batch {
+            let span = delivery_span(delivery.properties);
+            if let Some(trace) = trace_of(delivery.properties) {
                 seckill_telemetry::link(&batch_span, &trace);
             }
             // Checked before the body is read at all: an unsigned or forged message is
             // nobody's purchase, and no retry can make it one.
-            if let Err(e) = self.signer.verify(&delivery.data, signature_of(delivery)) {
+            if let Err(e) = self
+                .signer
+                .verify(delivery.data, signature_of(delivery.properties))
+            {
                 span.in_scope(|| {
                     tracing::error!(error = %e, reason = e.code(), "order message refused, dead-lettering");
                 });
@@ -148,11 +171,11 @@ impl OrderConsumer {
                     .await;
                 continue;
             }
-            if signature_of(delivery).is_none() {
+            if signature_of(delivery.properties).is_none() {
                 // Let through by `accept_unsigned` (an upgrade under way).
                 metrics::counter!("orders_unsigned_accepted_total").increment(1);
             }
-            match serde_json::from_slice::<OrderMessage>(&delivery.data) {
+            match serde_json::from_slice::<OrderMessage>(delivery.data) {
                 Ok(msg) => {
                     parsed.push((delivery, msg));
                     spans.push(span);
@@ -175,7 +198,7 @@ impl OrderConsumer {
         observe_lag(
             parsed
                 .iter()
-                .filter(|(delivery, _)| attempt_of(delivery) == 0)
+                .filter(|(delivery, _)| attempt_of(delivery.properties) == 0)
                 .map(|(_, msg)| msg),
         );
         metrics::histogram!("orders_batch_size").record(msgs.len() as f64);
@@ -215,7 +238,7 @@ impl OrderConsumer {
                 tracing::warn!(error = %e, count = msgs.len(), "order batch failed, retrying");
                 let error = e.to_string();
                 let retries = parsed.iter().zip(&spans).map(|((delivery, _), span)| {
-                    self.retry_later(out, delivery, &error, Exhausted::DeadLetter)
+                    self.retry_later(out, *delivery, &error, Exhausted::DeadLetter)
                         .instrument(span.clone())
                 });
                 futures_util::future::join_all(retries).await;
@@ -223,7 +246,7 @@ impl OrderConsumer {
             Err(e) => {
                 tracing::warn!(error = %e, count = msgs.len(), "database unavailable, requeueing");
                 let requeues = parsed.iter().zip(&spans).map(|((delivery, _), span)| {
-                    self.requeue(out, delivery).instrument(span.clone())
+                    self.requeue(out, *delivery).instrument(span.clone())
                 });
                 futures_util::future::join_all(requeues).await;
             }
@@ -281,9 +304,9 @@ fn observe_lag<'a>(msgs: impl Iterator<Item = &'a OrderMessage>) {
 
 /// Records `orders_retry_latency_seconds` for each delivery coming back from a retry tier:
 /// from its publish to the tier until now.
-fn observe_retry_latency(batch: &[Delivery]) {
+fn observe_retry_latency(batch: &[Msg<'_>]) {
     let now_ms = chrono::Utc::now().timestamp_millis();
-    for (retried_at_ms, delay_ms) in batch.iter().filter_map(retried_at) {
+    for (retried_at_ms, delay_ms) in batch.iter().filter_map(|m| retried_at(m.properties)) {
         let waited = (now_ms - retried_at_ms).max(0) as f64 / 1000.0;
         metrics::histogram!(names::ORDERS_RETRY_LATENCY, "tier" => names::tier_label(delay_ms))
             .record(waited);

@@ -18,6 +18,7 @@ use seckill_messaging::{CONFIRM_TIMEOUT, ConfirmedPublisher, Health, Supervised,
 
 use super::OrderConsumer;
 use super::delivery::Out;
+use super::message::{Parts, Received};
 use crate::ack_window::AckWindow;
 use crate::breaker::State;
 use crate::in_flight::{Holdings, REPORT_EVERY};
@@ -66,6 +67,7 @@ impl OrderConsumer {
             one_publish: Arc::new(tokio::sync::Mutex::new(())),
             acks: Arc::new(AckWindow::new(channel.clone())),
             holdings,
+            parts: Arc::new(Parts::default()),
         };
 
         let mut in_flight = JoinSet::new();
@@ -146,7 +148,7 @@ impl OrderConsumer {
             .await
             .context("start consuming")?;
         tracing::info!(queue = %self.topology.queue, prefetch = self.prefetch, "consuming");
-        let mut batch: Vec<Delivery> = Vec::with_capacity(self.batch_size);
+        let mut batch = Gathering::default();
         // Far future while the batch is empty; first delivery + linger once it is not.
         let idle = || tokio::time::Instant::now() + Duration::from_secs(3600);
         let mut flush_at = idle();
@@ -210,8 +212,8 @@ impl OrderConsumer {
                     Some(Err(e)) => break Err(anyhow::Error::from(e).context("delivery stream")),
                     None => break Err(anyhow::anyhow!("delivery stream ended")),
                 },
-                _ = tokio::time::sleep_until(flush_at), if !batch.is_empty() => {
-                    let due = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+                _ = tokio::time::sleep_until(flush_at), if !batch.deliveries.is_empty() => {
+                    let due = std::mem::take(&mut batch).deliveries;
                     in_flight.spawn(self.clone().handle_even_on_panic(due, out.clone()));
                     flush_at = idle();
                 }
@@ -230,9 +232,8 @@ impl OrderConsumer {
                 .await;
             let buffered = async {
                 while let Some(Ok(delivery)) = deliveries.next().await {
-                    out.acks.delivered(delivery.delivery_tag).await;
-                    out.holdings.received(delivery.delivery_tag, &delivery.data);
-                    batch.push(delivery);
+                    let received = self.arrived(delivery, out).await;
+                    batch.push(received);
                 }
             };
             if tokio::time::timeout(Duration::from_secs(5), buffered)
@@ -252,13 +253,16 @@ impl OrderConsumer {
         }
         match ended {
             Ok(Run::Paused) => {
-                for delivery in &batch {
-                    self.hand_back(out, delivery).await;
-                    out.holdings.released(&[delivery.delivery_tag]);
+                for received in &batch.deliveries {
+                    self.hand_back_delivery(out, &received.delivery).await;
+                    out.holdings.released(&[received.tag()]);
                 }
             }
-            _ if !batch.is_empty() => {
-                in_flight.spawn(self.clone().handle_even_on_panic(batch, out.clone()));
+            _ if !batch.deliveries.is_empty() => {
+                in_flight.spawn(
+                    self.clone()
+                        .handle_even_on_panic(batch.deliveries, out.clone()),
+                );
             }
             _ => {}
         }
@@ -267,26 +271,57 @@ impl OrderConsumer {
 }
 
 impl OrderConsumer {
-    /// Takes a delivery into the batch being gathered; a full batch starts at once.
+    /// Takes in a delivery: known to the ack window, its purchases to the holdings, its
+    /// parts (a batch's) to the part ledger.
+    async fn arrived(&self, delivery: Delivery, out: &Out) -> Received {
+        let received = Received::new(delivery);
+        out.acks.delivered(received.tag()).await;
+        let products = received
+            .messages()
+            .iter()
+            .filter_map(|m| crate::in_flight::product_of(m.data))
+            .collect();
+        out.holdings.received(received.tag(), products);
+        if received.part_count() > 0 {
+            out.parts.open(received.tag(), received.part_count());
+        }
+        received
+    }
+
+    /// Takes a delivery into the batch being gathered; a batch holding `batch_size`
+    /// purchases or more starts at once.
     async fn gather(
         &self,
         delivery: Delivery,
-        batch: &mut Vec<Delivery>,
+        batch: &mut Gathering,
         flush_at: &mut tokio::time::Instant,
         in_flight: &mut JoinSet<()>,
         out: &Out,
     ) {
-        out.acks.delivered(delivery.delivery_tag).await;
-        out.holdings.received(delivery.delivery_tag, &delivery.data);
-        if batch.is_empty() {
+        let received = self.arrived(delivery, out).await;
+        if batch.deliveries.is_empty() {
             *flush_at = tokio::time::Instant::now() + self.batch_linger;
         }
-        batch.push(delivery);
-        if batch.len() >= self.batch_size {
-            let full = std::mem::replace(batch, Vec::with_capacity(self.batch_size));
+        batch.push(received);
+        if batch.purchases >= self.batch_size {
+            let full = std::mem::take(batch).deliveries;
             in_flight.spawn(self.clone().handle_even_on_panic(full, out.clone()));
             *flush_at = tokio::time::Instant::now() + Duration::from_secs(3600);
         }
+    }
+}
+
+/// The deliveries of the batch being gathered, and how many purchases they carry.
+#[derive(Default)]
+struct Gathering {
+    deliveries: Vec<Received>,
+    purchases: usize,
+}
+
+impl Gathering {
+    fn push(&mut self, received: Received) {
+        self.purchases += received.part_count().max(1);
+        self.deliveries.push(received);
     }
 }
 

@@ -1,8 +1,10 @@
-//! What becomes of each delivery: ack, retry, dead letter, or requeue.
+//! What becomes of each message: ack, retry, dead letter, or requeue.
 //!
 //! A retry or a dead letter is a copy published with a confirm *before* the original is
 //! acked, so a crash in between duplicates, never loses. "Settle" means one thing here:
-//! telling the broker what became of a delivery (an ack, a nack or a reject).
+//! telling the broker what became of a delivery (an ack, a nack or a reject). A part of a
+//! batch is settled by itself as far as our side goes ([`super::message::Parts`]); its
+//! delivery is settled with the broker once every part is.
 
 use std::sync::Arc;
 
@@ -21,6 +23,7 @@ use super::OrderConsumer;
 use super::headers::{
     HEADER_RETRIED_AT, HEADER_RETRY_TIER, attempt_of, delivery_count, signature_of,
 };
+use super::message::{Msg, Parts, Received, Whole};
 use crate::ack_window::AckWindow;
 use crate::in_flight::Holdings;
 use crate::metrics as names;
@@ -32,7 +35,7 @@ impl OrderConsumer {
     pub(super) async fn finish_written(
         &self,
         out: &Out,
-        delivery: &Delivery,
+        delivery: Msg<'_>,
         msg: OrderMessage,
         outcome: Recorded,
     ) {
@@ -54,7 +57,7 @@ impl OrderConsumer {
                 span.in_scope(|| {
                     tracing::info!(order_id, "copy of a cancelled purchase, nothing to do")
                 });
-                out.acks.ack(delivery.delivery_tag).await;
+                self.ack(out, delivery).await;
                 return;
             }
             Recorded::Superseded { order_id } => {
@@ -70,7 +73,7 @@ impl OrderConsumer {
                         "second purchase of a buyer holding a live order, given up"
                     )
                 });
-                out.acks.ack(delivery.delivery_tag).await;
+                self.ack(out, delivery).await;
                 return;
             }
             Recorded::Rejected { reason } => {
@@ -106,7 +109,7 @@ impl OrderConsumer {
                     .await;
             }
             // Acked with the run of finished deliveries it belongs to.
-            _ => out.acks.ack(delivery.delivery_tag).await,
+            _ => self.ack(out, delivery).await,
         }
         seckill_http::failpoint!("consume::after_ack", ());
     }
@@ -116,11 +119,11 @@ impl OrderConsumer {
     pub(super) async fn retry_later(
         &self,
         out: &Out,
-        delivery: &Delivery,
+        delivery: Msg<'_>,
         error: &str,
         exhausted: Exhausted,
     ) {
-        let attempt = attempt_of(delivery);
+        let attempt = attempt_of(delivery.properties);
         match self.retry.next(attempt) {
             Next::GiveUp if exhausted == Exhausted::OrderStands => {
                 metrics::counter!("orders_results_abandoned_total").increment(1);
@@ -128,7 +131,7 @@ impl OrderConsumer {
                     error,
                     "the buyer's result could not be written after every retry; the order stands"
                 );
-                out.acks.ack(delivery.delivery_tag).await;
+                self.ack(out, delivery).await;
             }
             Next::GiveUp => {
                 self.dead_letter(out, delivery, "retries_exhausted", error)
@@ -164,7 +167,7 @@ impl OrderConsumer {
                 if published {
                     metrics::counter!(names::ORDERS_RETRIED, "tier" => names::tier_label(delay_ms))
                         .increment(1);
-                    out.acks.ack(delivery.delivery_tag).await;
+                    self.ack(out, delivery).await;
                 } else {
                     self.requeue(out, delivery).await;
                 }
@@ -174,20 +177,14 @@ impl OrderConsumer {
 
     /// Publishes the message to the dead-letter exchange with its reason, then acks the
     /// original; if that publish fails, rejects it into the same exchange without a reason.
-    pub(super) async fn dead_letter(
-        &self,
-        out: &Out,
-        delivery: &Delivery,
-        code: &str,
-        error: &str,
-    ) {
+    pub(super) async fn dead_letter(&self, out: &Out, delivery: Msg<'_>, code: &str, error: &str) {
         metrics::counter!(names::ORDERS_DEAD_LETTERED, "reason" => code.to_string()).increment(1);
         let headers = [
             (HEADER_ERROR_CODE, AMQPValue::LongString(code.into())),
             (HEADER_ERROR_MESSAGE, AMQPValue::LongString(error.into())),
             (
                 HEADER_ATTEMPT,
-                AMQPValue::LongInt(attempt_of(delivery) as i32),
+                AMQPValue::LongInt(attempt_of(delivery.properties) as i32),
             ),
         ];
         if !self.note_passing_on(delivery).await {
@@ -197,16 +194,20 @@ impl OrderConsumer {
         }
         let exchange = &self.topology.dead_letter_exchange;
         if self.republish(out, exchange, "", delivery, &headers).await {
-            out.acks.ack(delivery.delivery_tag).await;
+            self.ack(out, delivery).await;
+        } else if delivery.part.is_some() {
+            // A part cannot be rejected alone: it waits in the queue with its batch.
+            self.requeue(out, delivery).await;
         } else {
             if delivery
+                .delivery
                 .reject(BasicRejectOptions { requeue: false })
                 .await
                 .is_err()
             {
                 metrics::counter!(names::ORDERS_ACK_FAILURES).increment(1);
             }
-            out.acks.settled_elsewhere(delivery.delivery_tag).await;
+            out.acks.settled_elsewhere(delivery.tag()).await;
         }
     }
 
@@ -214,18 +215,26 @@ impl OrderConsumer {
     /// tier or the dead-letter exchange (`crate::in_flight`); true when noted, or when the
     /// delivery is no genuine purchase (its signature fails or its body does not parse) and
     /// so holds nothing to note.
-    pub(super) async fn note_passing_on(&self, delivery: &Delivery) -> bool {
-        if self
-            .signer
-            .verify(&delivery.data, signature_of(delivery))
-            .is_err()
-        {
+    pub(super) async fn note_passing_on(&self, delivery: Msg<'_>) -> bool {
+        self.note_all_passing_on(&[delivery]).await
+    }
+
+    /// [`Self::note_passing_on`] for several messages at once (one insert).
+    pub(super) async fn note_all_passing_on(&self, messages: &[Msg<'_>]) -> bool {
+        let purchases: Vec<(uuid::Uuid, i64)> = messages
+            .iter()
+            .filter(|m| {
+                self.signer
+                    .verify(m.data, signature_of(m.properties))
+                    .is_ok()
+            })
+            .filter_map(|m| serde_json::from_slice::<OrderMessage>(m.data).ok())
+            .map(|msg| (msg.request_id, msg.product_id))
+            .collect();
+        if purchases.is_empty() {
             return true;
         }
-        let Ok(msg) = serde_json::from_slice::<OrderMessage>(&delivery.data) else {
-            return true;
-        };
-        match seckill_store::transit::note(&self.db, &[(msg.request_id, msg.product_id)]).await {
+        match seckill_store::transit::note(&self.db, &purchases).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "could not note a purchase in transit; handing it back");
@@ -234,14 +243,15 @@ impl OrderConsumer {
         }
     }
 
-    /// Publishes a copy of `delivery` (body and properties, plus `headers`) and waits for
-    /// the broker's confirm; false unless it was confirmed and routed to a queue.
+    /// Publishes a copy of a message (body and properties, plus `headers`) and waits for
+    /// the broker's confirm; false unless it was confirmed and routed to a queue. A part of
+    /// a batch goes as the single-order message it stands for.
     async fn republish(
         &self,
         out: &Out,
         exchange: &str,
         routing_key: &str,
-        delivery: &Delivery,
+        delivery: Msg<'_>,
         headers: &[(&str, AMQPValue)],
     ) -> bool {
         // The copy is a new message to its queue: the original's delivery count, kept,
@@ -266,7 +276,7 @@ impl OrderConsumer {
         let _one = out.one_publish.lock().await;
         let published = out
             .publisher
-            .publish(exchange, routing_key, &delivery.data, properties)
+            .publish(exchange, routing_key, delivery.data, properties)
             .await;
         if let Err(e) = published {
             tracing::warn!(error = %e, exchange, routing_key, "republish failed");
@@ -275,24 +285,70 @@ impl OrderConsumer {
         true
     }
 
-    /// Hands a delivery back to the queue after `requeue_delay`, no attempt counted.
-    pub(super) async fn requeue(&self, out: &Out, delivery: &Delivery) {
+    /// Acks a message: its delivery, or, for a part, once its batch's last part is settled.
+    pub(super) async fn ack(&self, out: &Out, delivery: Msg<'_>) {
+        match delivery.part {
+            None => out.acks.ack(delivery.tag()).await,
+            Some(index) => {
+                if let Some(whole) = out.parts.settle(delivery.tag(), index, false) {
+                    self.settle_whole(out, delivery.delivery, whole).await;
+                }
+            }
+        }
+    }
+
+    /// Hands a message back to the queue after `requeue_delay`, no attempt counted.
+    pub(super) async fn requeue(&self, out: &Out, delivery: Msg<'_>) {
         tokio::time::sleep(self.requeue_delay).await;
         self.hand_back(out, delivery).await;
+    }
+
+    /// Returns a message to the queue: its delivery, or, for a part, its whole batch once
+    /// every part is settled (the parts written meanwhile are duplicates when it comes back).
+    pub(super) async fn hand_back(&self, out: &Out, delivery: Msg<'_>) {
+        match delivery.part {
+            None => self.hand_back_delivery(out, delivery.delivery).await,
+            Some(index) => {
+                if let Some(whole) = out.parts.settle(delivery.tag(), index, true) {
+                    self.settle_whole(out, delivery.delivery, whole).await;
+                }
+            }
+        }
+    }
+
+    /// Settles a batch delivery whose parts are all settled.
+    async fn settle_whole(&self, out: &Out, delivery: &Delivery, whole: Whole) {
+        match whole {
+            Whole::Ack => out.acks.ack(delivery.delivery_tag).await,
+            Whole::HandBack => self.hand_back_delivery(out, delivery).await,
+        }
+    }
+
+    /// Hands a whole delivery back after `requeue_delay`, no attempt counted.
+    pub(super) async fn requeue_delivery(&self, out: &Out, received: &Received) {
+        tokio::time::sleep(self.requeue_delay).await;
+        self.hand_back_delivery(out, &received.delivery).await;
     }
 
     /// Returns a delivery to the queue: a nack with requeue, or past [`MAX_REQUEUES`]
     /// returns a fresh copy published to the queue (its delivery count starts over) and the
     /// original acked. Should that publish fail, the nack it is.
-    pub(super) async fn hand_back(&self, out: &Out, delivery: &Delivery) {
+    pub(super) async fn hand_back_delivery(&self, out: &Out, delivery: &Delivery) {
         metrics::counter!("orders_requeued_total").increment(1);
-        if delivery_count(delivery) >= MAX_REQUEUES {
+        out.parts.forget(delivery.delivery_tag);
+        if delivery_count(&delivery.properties) >= MAX_REQUEUES {
+            let whole = Msg {
+                delivery,
+                part: None,
+                data: &delivery.data,
+                properties: &delivery.properties,
+            };
             let recycled = self
                 .republish(
                     out,
                     &self.topology.exchange,
                     &self.topology.routing_key,
-                    delivery,
+                    whole,
                     &[],
                 )
                 .await;
@@ -332,6 +388,8 @@ pub(super) struct Out {
     pub(super) acks: Arc<AckWindow>,
     /// What the consuming connection holds, reported for seckill-api's fence.
     pub(super) holdings: Arc<Holdings>,
+    /// Which parts of the batch deliveries in hand are settled.
+    pub(super) parts: Arc<Parts>,
 }
 
 /// How a written message is settled once its buyer's result is written.

@@ -1,7 +1,8 @@
-//! What a delivery's headers say: its attempt, how often the queue returned it, and the
-//! ids that follow a purchase through the logs.
+//! What a message's headers say: its attempt, how often the queue returned it, and the
+//! ids that follow a purchase through the logs. A part of a batch carries the batch's
+//! headers with its own signature, request id and trace (`seckill_messaging::batch`).
 
-use lapin::message::Delivery;
+use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 
 use seckill_messaging::{
@@ -14,14 +15,13 @@ use seckill_telemetry::TraceParent;
 /// id, so one id follows a purchase from the gateway to its order in the logs, and it
 /// continues the trace of the message's `traceparent` header (the publishing span of
 /// seckill-api; kept on retry and dead-letter copies and on redrives), or begins one.
-pub(super) fn delivery_span(delivery: &Delivery) -> tracing::Span {
-    let properties = &delivery.properties;
+pub(super) fn delivery_span(properties: &BasicProperties) -> tracing::Span {
     let message_id = properties
         .message_id()
         .as_ref()
         .map(|m| m.to_string())
         .unwrap_or_default();
-    let request_id = text_header(delivery, HEADER_REQUEST_ID).unwrap_or_default();
+    let request_id = text_header(properties, HEADER_REQUEST_ID).unwrap_or_default();
     let span = tracing::info_span!(
         "order.consume",
         service = "order-service",
@@ -29,24 +29,23 @@ pub(super) fn delivery_span(delivery: &Delivery) -> tracing::Span {
         request_id,
         trace_id = tracing::field::Empty,
     );
-    let parent = trace_of(delivery);
+    let parent = trace_of(properties);
     seckill_telemetry::continue_trace(
         &span,
         parent.as_ref(),
-        text_header(delivery, HEADER_TRACESTATE),
+        text_header(properties, HEADER_TRACESTATE),
     );
     span
 }
 
 /// The trace context a delivery's `traceparent` header names, if well formed.
-pub(super) fn trace_of(delivery: &Delivery) -> Option<TraceParent> {
-    text_header(delivery, HEADER_TRACEPARENT).and_then(TraceParent::parse_str)
+pub(super) fn trace_of(properties: &BasicProperties) -> Option<TraceParent> {
+    text_header(properties, HEADER_TRACEPARENT).and_then(TraceParent::parse_str)
 }
 
-/// A text header of a delivery.
-fn text_header<'a>(delivery: &'a Delivery, name: &str) -> Option<&'a str> {
-    delivery
-        .properties
+/// A text header of a message.
+fn text_header<'a>(properties: &'a BasicProperties, name: &str) -> Option<&'a str> {
+    properties
         .headers()
         .as_ref()
         .and_then(|h| h.inner().get(name))
@@ -57,9 +56,9 @@ fn text_header<'a>(delivery: &'a Delivery, name: &str) -> Option<&'a str> {
         })
 }
 
-/// The order signature a delivery carries, if any (a string header).
-pub(super) fn signature_of(delivery: &Delivery) -> Option<&str> {
-    text_header(delivery, HEADER_SIGNATURE)
+/// The order signature a message carries, if any (a string header).
+pub(super) fn signature_of(properties: &BasicProperties) -> Option<&str> {
+    text_header(properties, HEADER_SIGNATURE)
 }
 
 /// Header of a retry: when it was published to its tier (unix ms).
@@ -69,8 +68,8 @@ pub(super) const HEADER_RETRY_TIER: &str = "x-retry-tier";
 
 /// When a retried delivery was published to its tier (unix ms) and that tier's delay;
 /// `None` for a first delivery (or a retry from a version that did not say).
-pub(super) fn retried_at(delivery: &Delivery) -> Option<(i64, u64)> {
-    let headers = delivery.properties.headers().as_ref()?.inner();
+pub(super) fn retried_at(properties: &BasicProperties) -> Option<(i64, u64)> {
+    let headers = properties.headers().as_ref()?.inner();
     let number = |name: &str| match headers.get(name)? {
         AMQPValue::LongLongInt(n) => Some(*n),
         AMQPValue::LongInt(n) => Some(i64::from(*n)),
@@ -83,21 +82,20 @@ pub(super) fn retried_at(delivery: &Delivery) -> Option<(i64, u64)> {
     Some((at, tier))
 }
 
-/// The attempt a delivery carries (0 for a first delivery).
-pub(super) fn attempt_of(delivery: &Delivery) -> u32 {
-    count_header(delivery, HEADER_ATTEMPT)
+/// The attempt a message carries (0 for a first delivery).
+pub(super) fn attempt_of(properties: &BasicProperties) -> u32 {
+    count_header(properties, HEADER_ATTEMPT)
 }
 
 /// How often the queue has returned this delivery before (a quorum queue's count; 0 on a
 /// classic queue, which keeps none).
-pub(super) fn delivery_count(delivery: &Delivery) -> u32 {
-    count_header(delivery, HEADER_DELIVERY_COUNT)
+pub(super) fn delivery_count(properties: &BasicProperties) -> u32 {
+    count_header(properties, HEADER_DELIVERY_COUNT)
 }
 
-/// A numeric header of a delivery, 0 when absent or not a count.
-fn count_header(delivery: &Delivery, name: &str) -> u32 {
-    delivery
-        .properties
+/// A numeric header of a message, 0 when absent or not a count.
+fn count_header(properties: &BasicProperties, name: &str) -> u32 {
+    properties
         .headers()
         .as_ref()
         .and_then(|h| h.inner().get(name))

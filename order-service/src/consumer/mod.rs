@@ -22,20 +22,27 @@
 //!   limit, which is left to messages that crash their consumer (see
 //!   `seckill_messaging::DELIVERY_LIMIT`).
 //!
+//! A delivery may carry several purchases (`seckill_messaging::batch`, group commit): each is
+//! handled as its own message, and the delivery is acked once all of them are settled.
+//!
 //! Layout (each file adds methods to [`OrderConsumer`]; this file only declares them, so
-//! imports run one way: `consume` → `delivery` → `headers`, `batch` → `delivery`):
+//! imports run one way: `consume` → `delivery` → `headers`, `batch` → `delivery`, and all
+//! of them → `message`):
 //! - `consume` — the loop: connect under a [`seckill_messaging::Supervisor`], pause and
 //!   resume with the breaker, gather deliveries into batches.
 //! - `batch` — handling one batch: parse, write in one transaction, write buyers' results;
 //!   after a panic (a bug), finish what the database holds and dead-letter the rest.
 //! - `delivery` — what becomes of each delivery: ack, retry, dead letter or requeue, with
 //!   retries and dead letters published through a confirmed publisher before the ack.
-//! - `headers` — what a delivery's headers say (attempt, delivery count, request ids).
+//! - `headers` — what a message's headers say (attempt, delivery count, request ids).
+//! - `message` — what a delivery carries: one purchase's message or a batch's parts, and
+//!   which parts are settled.
 
 mod batch;
 mod consume;
 mod delivery;
 mod headers;
+mod message;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -68,7 +75,8 @@ pub struct OrderConsumer {
     pub signer: OrderSigner,
     /// Unacked deliveries at once.
     pub prefetch: u16,
-    /// Most messages written in one transaction.
+    /// Most purchases gathered for one transaction (a delivery of several counts each; a
+    /// batch delivery is never split, so one transaction may hold a little more).
     pub batch_size: usize,
     /// How long a batch waits for more messages after its first one.
     pub batch_linger: Duration,

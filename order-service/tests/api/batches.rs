@@ -147,3 +147,132 @@ async fn kill_9_mid_batch_redelivers_and_loses_or_duplicates_nothing() {
     drop(channel);
     again.shutdown().await;
 }
+
+/// Group commit: one message carrying several purchases is one delivery, and each of its
+/// purchases becomes its order as if it had come alone.
+#[tokio::test]
+async fn a_batch_message_becomes_one_order_per_purchase() {
+    let mut app = spawn_app().await;
+    let product = app.product(10).await;
+    let parts: Vec<_> = (1..=5)
+        .map(|user| (app.message(product, user), None))
+        .collect();
+    app.publish_batch_to(None, &parts, &[]).await;
+    let orders = eventually("five orders", Duration::from_secs(20), || async {
+        let count = app.order_count(product).await;
+        (count == 5).then_some(count)
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(orders, 5);
+    assert_eq!(app.stock_remaining(product).await, 5);
+    for user in 1..=5 {
+        let result = app.stored_result(product, user).await.unwrap_or_default();
+        assert!(result.starts_with("success:"), "user {user}: {result:?}");
+    }
+    let written: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT request_id FROM orders WHERE product_id = $1 ORDER BY user_id")
+            .bind(product)
+            .fetch_all(&app.db)
+            .await
+            .expect("orders");
+    let sent: Vec<uuid::Uuid> = parts.iter().map(|(m, _)| m.request_id).collect();
+    assert_eq!(written, sent);
+    assert!(app.parked().await.is_empty());
+    app.shutdown().await;
+}
+
+/// A batch's purchases fail alone: a forged part, one the database refuses and one of an
+/// unknown product are each dead-lettered as their own message — with their own body and
+/// signature, so each can be redriven or ignored by itself — and their neighbours become
+/// orders.
+#[tokio::test]
+async fn a_part_that_fails_is_dead_lettered_alone_and_its_neighbours_are_written() {
+    let mut app = spawn_app().await;
+    let product = app.product(3).await;
+    let genuine: Vec<_> = (1..=3).map(|user| app.message(product, user)).collect();
+    let forged = app.message(product, 4);
+    let forged_signature = seckill_messaging::OrderSigner::new("not-the-key")
+        .sign(&serde_json::to_vec(&forged).expect("json"));
+    let fourth_unit = app.message(product, 5);
+    let unknown = app.message(product + 1000, 6);
+    let mut parts: Vec<_> = genuine.iter().map(|m| (m.clone(), None)).collect();
+    parts.insert(1, (forged.clone(), Some(forged_signature.clone())));
+    parts.push((fourth_unit.clone(), None));
+    parts.push((unknown.clone(), None));
+    app.publish_batch_to(None, &parts, &[]).await;
+
+    let mut parked: Vec<(String, String)> = app
+        .wait_parked(3)
+        .await
+        .into_iter()
+        .map(|(event, code, _, _)| (event, code))
+        .collect();
+    parked.sort();
+    let mut expected = vec![
+        (forged.request_id.to_string(), "bad_signature".to_string()),
+        (
+            fourth_unit.request_id.to_string(),
+            "out_of_stock".to_string(),
+        ),
+        (
+            unknown.request_id.to_string(),
+            "unknown_product".to_string(),
+        ),
+    ];
+    expected.sort();
+    assert_eq!(parked, expected);
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 3);
+    assert_eq!(app.stock_remaining(product).await, 0);
+    // Each dead letter is the single-order message it stood for in the batch.
+    let stored: Vec<(String, Vec<u8>, Option<String>)> =
+        sqlx::query_as("SELECT event_id, body, signature FROM dead_letters ORDER BY event_id")
+            .fetch_all(&app.db)
+            .await
+            .expect("dead letters");
+    for (event, body, signature) in stored {
+        let msg: seckill_messaging::OrderMessage =
+            serde_json::from_slice(&body).expect("a single order's body");
+        assert_eq!(msg.request_id.to_string(), event);
+        if event == forged.request_id.to_string() {
+            assert_eq!(signature.as_deref(), Some(forged_signature.as_str()));
+        } else {
+            assert!(
+                app.signer.verify(&body, signature.as_deref()).is_ok(),
+                "{event}: its own signature"
+            );
+        }
+    }
+    app.shutdown().await;
+}
+
+/// A batch the broker dead-letters whole (its delivery limit reached) is parked purchase by
+/// purchase, each under its own request id and signature check.
+#[tokio::test]
+async fn a_batch_dead_lettered_whole_is_parked_one_entry_per_purchase() {
+    let app = spawn_app().await;
+    let product = app.product(5).await;
+    let parts: Vec<_> = (1..=3)
+        .map(|user| (app.message(product, user), None))
+        .collect();
+    let dlx = app.ns.topology().dead_letter_exchange;
+    app.publish_batch_to(Some(&dlx), &parts, &[]).await;
+    let mut parked: Vec<String> = app
+        .wait_parked(3)
+        .await
+        .into_iter()
+        .map(|(event, code, status, _)| {
+            assert_eq!((code.as_str(), status.as_str()), ("rejected", "pending"));
+            event
+        })
+        .collect();
+    parked.sort();
+    let mut sent: Vec<String> = parts
+        .iter()
+        .map(|(m, _)| m.request_id.to_string())
+        .collect();
+    sent.sort();
+    assert_eq!(parked, sent);
+    app.shutdown().await;
+}

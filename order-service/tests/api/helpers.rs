@@ -208,6 +208,58 @@ impl TestApp {
         }
     }
 
+    /// Publishes `parts` as one batch message (group commit, `seckill_messaging::batch`) to
+    /// `exchange` (the order exchange unless given), each part's body signed with the
+    /// signature given beside it (the service's own when `None`), with `headers` on the
+    /// batch. Waits for the confirm.
+    pub async fn publish_batch_to(
+        &self,
+        exchange: Option<&str>,
+        parts: &[(OrderMessage, Option<String>)],
+        headers: &[(&str, AMQPValue)],
+    ) {
+        let entries: Vec<String> = parts
+            .iter()
+            .map(|(msg, signature)| {
+                let body = serde_json::to_string(msg).expect("serialize");
+                let signature = signature
+                    .clone()
+                    .unwrap_or_else(|| self.signer.sign(body.as_bytes()));
+                format!(
+                    r#"{{"signature":{},"http_request_id":"batch-test","order":{body}}}"#,
+                    serde_json::to_string(&signature).expect("string")
+                )
+            })
+            .collect();
+        let body = format!(r#"{{"orders":[{}]}}"#, entries.join(","));
+        let mut properties = seckill_messaging::batch::properties(parts.len());
+        let mut table = properties.headers().clone().unwrap_or_default();
+        for (name, value) in headers {
+            table.insert((*name).into(), value.clone());
+        }
+        properties = properties.with_headers(table);
+        let topology = self.ns.topology();
+        let (exchange, routing_key) = match exchange {
+            Some(exchange) => (exchange.to_string(), String::new()),
+            None => (topology.exchange, topology.routing_key),
+        };
+        let confirm = self
+            .channel
+            .basic_publish(
+                exchange.as_str().into(),
+                routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .expect("publish");
+        routed(confirm).await;
+    }
+
     pub async fn publish(&self, msg: &OrderMessage) {
         let body = serde_json::to_vec(msg).expect("serialize");
         self.publish_raw(&body, &msg.request_id.to_string()).await;
