@@ -414,6 +414,7 @@ async fn relayed(
         .await
         .context("migrate the bench's database")?,
         batch,
+        batch_max: 64,
         reclaim_idle: Duration::from_secs(30),
         hints: hints.clone(),
         connected: connected.clone(),

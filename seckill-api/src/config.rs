@@ -67,6 +67,17 @@ pub struct Settings {
     /// purchase that arrives while a batch waits for its confirms joins the next batch, so
     /// the broker confirms more messages at once (docs/benchmarks.md, "accepted path").
     pub publish_channels: usize,
+    /// Purchases one order message carries at most (group commit, DESIGN.md §5): a
+    /// publishing worker, and the relay, send what they gather at once as messages of up to
+    /// this many, each purchase signed on its own, so the broker stores, confirms, delivers
+    /// and acks one message for all of them. 1 sends one message per purchase, the only
+    /// format an order-service older than batches reads: set it while one may still consume.
+    pub publish_batch_max: usize,
+    /// How long a publishing worker that found fewer than `publish_batch_max` purchases
+    /// waiting waits for more before it publishes (microseconds, at most 1000). 0 by default:
+    /// purchases that arrive while a batch waits for its confirm form the next batch anyway,
+    /// so under load batches fill without any wait, and a lone purchase is not delayed.
+    pub publish_linger_us: u64,
     /// Refuse to start when Redis could lose an acknowledged write: `appendonly no`, or a
     /// `maxmemory-policy` other than `noeviction` (read with `CONFIG GET` on the server, or on
     /// every seed node of a cluster; a Redis that refuses `CONFIG` is refused too). Off, such
@@ -131,6 +142,8 @@ impl Default for Settings {
             publish_on_accept: true,
             publish_timeout: Duration::from_millis(1_000),
             publish_channels: 1,
+            publish_batch_max: 64,
+            publish_linger_us: 0,
             require_durable_redis: false,
             redis_wait_replicas: 0,
             redis_wait_aof: false,
@@ -167,6 +180,15 @@ impl Validate for Settings {
         // before the loss (`stock::fence::grace`).
         if self.publish_timeout >= Duration::from_secs(6) {
             return Err("publish_timeout_ms must stay below 6000".into());
+        }
+        if !(1..=seckill_messaging::batch::MAX_ORDERS).contains(&self.publish_batch_max) {
+            return Err(format!(
+                "publish_batch_max must be between 1 and {}",
+                seckill_messaging::batch::MAX_ORDERS
+            ));
+        }
+        if self.publish_linger_us > 1_000 {
+            return Err("publish_linger_us must be at most 1000".into());
         }
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
             return Err("stock_buckets must be between 1 and 1024".into());

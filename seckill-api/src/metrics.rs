@@ -33,6 +33,9 @@ pub const OUTBOX_CONFIRM_SECONDS: &str = "outbox_confirm_seconds";
 /// Purchases a handler's publishing worker left to the relay because their handler had
 /// stopped waiting (or its deadline passed) before the worker got to them.
 pub const PUBLISH_WITHDRAWN: &str = "seckill_publish_withdrawn_total";
+/// Purchases per order message published (group commit, `seckill_messaging::batch`), by
+/// the handlers' publishing workers and the relay.
+pub const ORDERS_PER_MESSAGE: &str = "seckill_orders_per_message";
 /// Purchases noted in transit for the fence (`seckill_store::transit`): published without
 /// a confirm in time, or about to be published by the relay; by `outcome` (`noted`,
 /// `failed`).
@@ -107,6 +110,10 @@ pub fn describe(replica: &str) {
         describe_counter!(
             PUBLISH_WITHDRAWN,
             "Purchases a publishing worker left to the relay: their handler stopped waiting."
+        );
+        describe_histogram!(
+            ORDERS_PER_MESSAGE,
+            "Purchases per order message published (handlers and relay)."
         );
         describe_counter!(
             TRANSIT_NOTES,

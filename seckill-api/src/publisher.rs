@@ -11,13 +11,18 @@
 //! then, the `202`'s durability is Redis' own (`SECKILL_API_REQUIRE_DURABLE_REDIS` checks
 //! Redis' persistence at start).
 //!
-//! Pipelining: handlers hand their messages to publishing workers, one channel each
-//! (`publish_channels`, one by default). A worker takes every message waiting for it, publishes them back to
-//! back, waits for all their confirms (so the broker acknowledges many at once), and only
-//! then answers each handler. lapin attaches a `mandatory` message the broker returned to
-//! whichever confirm it resolves next, so which message of a batch came back is unknowable:
-//! if any did (or any was nacked), the whole batch counts as not published and each handler
-//! leaves its entry to the relay (a duplicate at worst, which order-service absorbs).
+//! Group commit: handlers hand their purchases to publishing workers, one channel each
+//! (`publish_channels`, one by default). A worker takes every purchase waiting for it (after
+//! waiting up to `publish_linger_us` for more, 0 by default), publishes them as batch
+//! messages of up to `publish_batch_max` purchases each (`seckill_messaging::batch`: every
+//! purchase signed on its own, so order-service can still retry or dead-letter each alone),
+//! waits for all their confirms, and only then answers each handler. Purchases that arrive
+//! while a batch waits for its confirms form the next batch: the busier the path, the more
+//! one message, one fsync share, one confirm, one delivery and one ack carry. lapin attaches
+//! a `mandatory` message the broker returned to whichever confirm it resolves next, so which
+//! message of a batch came back is unknowable: if any did (or any was nacked), the whole
+//! batch counts as not published and each handler leaves its entry to the relay (a duplicate
+//! at worst, which order-service absorbs).
 //! A batch whose confirms do not all come within the timeout ends its worker's channel at
 //! once: nothing more is published on it (a late confirm or return would be taken for the
 //! next batch's), and what waits for the worker fails fast, for the relay.
@@ -49,6 +54,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use seckill_messaging::batch::Outgoing;
 use seckill_messaging::{
     ConfirmedPublisher, Health, NotTaken, OrderSigner, Supervised, Supervisor, Topology,
     TraceHeaders,
@@ -58,6 +64,19 @@ use seckill_messaging::{
 const MAX_BATCH: usize = 512;
 /// How soon a transit note that failed is tried again.
 const NOTE_RETRY_AFTER: Duration = Duration::from_millis(50);
+
+/// How the handlers' purchases are published.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishOptions {
+    /// Longest a request waits for its confirm.
+    pub timeout: Duration,
+    /// Workers (and channels) per connection.
+    pub channels: usize,
+    /// Purchases one message carries at most.
+    pub batch_max: usize,
+    /// How long a worker waits for more purchases before it publishes a batch not full.
+    pub linger: Duration,
+}
 
 /// Publishes order messages with a confirm, from any request; cheap to clone.
 #[derive(Clone)]
@@ -76,6 +95,10 @@ struct Inner {
     timeout: Duration,
     /// Workers (and channels) per connection.
     channels: usize,
+    /// Purchases one message carries at most.
+    batch_max: usize,
+    /// How long a worker waits for more purchases before it publishes a batch not full.
+    linger: Duration,
     /// The workers' queues; empty while the broker is unreachable.
     workers: RwLock<Vec<mpsc::Sender<Job>>>,
     /// Round-robin over the workers.
@@ -98,6 +121,19 @@ struct Job {
 }
 
 impl Job {
+    /// The purchase as a message part.
+    fn outgoing(&self) -> Outgoing<'_> {
+        Outgoing {
+            request_id: &self.request_id,
+            http_request_id: &self.http_request_id,
+            payload: &self.payload,
+            trace: TraceHeaders {
+                traceparent: &self.traceparent,
+                tracestate: &self.tracestate,
+            },
+        }
+    }
+
     /// Whether its handler has stopped waiting for it (or will have by the time a confirm
     /// could come): its purchase is the relay's, from the outbox.
     fn withdrawn(&self, now: Instant) -> bool {
@@ -166,8 +202,7 @@ impl OrderPublisher {
         topology: Topology,
         signer: OrderSigner,
         db: PgPool,
-        timeout: Duration,
-        channels: usize,
+        options: PublishOptions,
         connected: Arc<AtomicBool>,
     ) -> Self {
         Self {
@@ -176,8 +211,10 @@ impl OrderPublisher {
                 topology,
                 signer,
                 db,
-                timeout,
-                channels: channels.max(1),
+                timeout: options.timeout,
+                channels: options.channels.max(1),
+                batch_max: options.batch_max.max(1),
+                linger: options.linger,
                 workers: RwLock::new(Vec::new()),
                 next: AtomicUsize::new(0),
                 connected,
@@ -258,6 +295,17 @@ impl OrderPublisher {
                 _ = lost.cancelled() => break,
                 got = jobs.recv_many(&mut batch, MAX_BATCH) => if got == 0 { break },
             }
+            if !self.inner.linger.is_zero() && batch.len() < self.inner.batch_max {
+                // Wait a little for more, but never past a full message.
+                let until = Instant::now() + self.inner.linger;
+                while batch.len() < self.inner.batch_max {
+                    let room = self.inner.batch_max - batch.len();
+                    match tokio::time::timeout_at(until, jobs.recv_many(&mut batch, room)).await {
+                        Ok(got) if got > 0 => {}
+                        _ => break,
+                    }
+                }
+            }
             let now = Instant::now();
             let (withdrawn, taken): (Vec<Job>, Vec<Job>) =
                 batch.drain(..).partition(|job| job.withdrawn(now));
@@ -306,23 +354,23 @@ impl OrderPublisher {
     ) -> Result<(), PublishError> {
         let started = Instant::now();
         let publish_all = async {
-            let mut confirms = Vec::with_capacity(batch.len());
-            for job in batch {
+            let outgoing: Vec<Outgoing<'_>> = batch.iter().map(Job::outgoing).collect();
+            let (grouped, alone): (Vec<Outgoing<'_>>, Vec<Outgoing<'_>>) = outgoing
+                .into_iter()
+                .partition(|order| seckill_messaging::batch::embeddable(order.payload));
+            let messages = grouped
+                .chunks(self.inner.batch_max)
+                .chain(alone.chunks(1))
+                .collect::<Vec<_>>();
+            let mut confirms = Vec::with_capacity(messages.len());
+            for orders in messages {
+                metrics::histogram!(crate::metrics::ORDERS_PER_MESSAGE).record(orders.len() as f64);
                 let confirm = publisher
-                    .send_order(
-                        &self.inner.signer,
-                        &self.inner.topology,
-                        &job.request_id,
-                        &job.http_request_id,
-                        &job.payload,
-                        TraceHeaders {
-                            traceparent: &job.traceparent,
-                            tracestate: &job.tracestate,
-                        },
-                    )
+                    .send_orders(&self.inner.signer, &self.inner.topology, orders)
                     .await?;
                 confirms.push(confirm);
             }
+
             // Every confirm is awaited, so none is left to be credited to the next batch; one
             // timeout bounds them all, and the whole batch.
             let mut refused = Ok(());

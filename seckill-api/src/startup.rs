@@ -83,8 +83,12 @@ impl Application {
                 topology.clone(),
                 signer.clone(),
                 db.clone(),
-                settings.publish_timeout,
-                settings.publish_channels,
+                crate::publisher::PublishOptions {
+                    timeout: settings.publish_timeout,
+                    channels: settings.publish_channels,
+                    batch_max: settings.publish_batch_max,
+                    linger: Duration::from_micros(settings.publish_linger_us),
+                },
                 publisher_connected.clone(),
             )
         });
@@ -163,6 +167,7 @@ impl Application {
             signer,
             db: db.clone(),
             batch: settings.relay_batch,
+            batch_max: settings.publish_batch_max,
             reclaim_idle: settings.relay_reclaim_idle,
             hints: relay_hints,
             connected: broker_connected,

@@ -176,6 +176,59 @@ impl TestNamespace {
     }
 }
 
+/// Counts the purchases that reach a queue by taking them out of it: each look takes every
+/// message ready (acked as it is taken) and adds the purchases it carries, a batch message
+/// (group commit) one per part. For tests that only ask how many purchases were published.
+pub struct TakenPurchases {
+    _connection: lapin::Connection,
+    channel: lapin::Channel,
+    queue: String,
+    taken: std::sync::Mutex<Vec<seckill_messaging::batch::Part>>,
+}
+
+impl TakenPurchases {
+    /// Takes from `ns`'s order queue.
+    pub async fn from(ns: &TestNamespace) -> Self {
+        let (connection, channel) = ns.channel().await;
+        Self {
+            _connection: connection,
+            channel,
+            queue: ns.topology().queue,
+            taken: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Takes what is ready now; returns how many purchases were taken so far in all.
+    pub async fn count(&self) -> usize {
+        while let Some(message) = self
+            .channel
+            .basic_get(
+                self.queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .expect("basic_get")
+        {
+            let delivery = message.delivery;
+            let parts = seckill_messaging::batch::messages(&delivery.data, &delivery.properties)
+                .expect("a readable order message");
+            self.lock().extend(parts);
+        }
+        self.lock().len()
+    }
+
+    /// The purchases taken so far, each as the single-order message it stands for.
+    pub fn taken(&self) -> Vec<seckill_messaging::batch::Part> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<seckill_messaging::batch::Part>> {
+        self.taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 impl Default for TestNamespace {
     fn default() -> Self {
         Self::new()

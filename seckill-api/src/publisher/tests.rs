@@ -18,8 +18,12 @@ async fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
         seckill_store::postgres::connect_and_migrate(&ns.database_url, 2, Duration::from_secs(10))
             .await
             .expect("migrated database"),
-        timeout,
-        1,
+        PublishOptions {
+            timeout,
+            channels: 1,
+            batch_max: 64,
+            linger: Duration::ZERO,
+        },
         Arc::new(AtomicBool::new(false)),
     )
 }
@@ -153,6 +157,69 @@ async fn no_batch_goes_out_on_a_channel_after_one_timed_out() {
         );
         drop(jobs);
     }
+    let _ = connection.close(200, "test done".into()).await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn purchases_waiting_together_go_out_as_batch_messages_of_at_most_the_maximum() {
+    let ns = TestNamespace::new();
+    let (connection, channel) = ns.channel().await;
+    let confirmed = ConfirmedPublisher::open(&connection, Duration::from_secs(10))
+        .await
+        .expect("confirm channel");
+    let (jobs, queued) = mpsc::channel(256);
+    // 130 purchases waiting at once: two full messages of 64 and one of 2. A payload that
+    // is no JSON value cannot stand inside a batch's body and goes alone.
+    let mut answers = Vec::new();
+    let mut sent = Vec::new();
+    for n in 0..130 {
+        let (queued_job, answer) = job(&format!("p{n:03}"));
+        sent.push(queued_job.request_id.clone());
+        jobs.send(queued_job).await.expect("queue");
+        answers.push(answer);
+    }
+    let (mut odd, odd_answer) = job("odd");
+    odd.payload = b"not json".to_vec();
+    jobs.send(odd).await.expect("queue");
+    answers.push(odd_answer);
+    let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).await.work(
+        confirmed,
+        queued,
+        CancellationToken::new(),
+    ));
+    for answer in answers {
+        assert!(answered(answer).await.is_ok());
+    }
+    let queue = ns.topology().queue;
+    let mut sizes = Vec::new();
+    let mut published = Vec::new();
+    while let Some(message) = channel
+        .basic_get(
+            queue.as_str().into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .expect("basic_get")
+    {
+        let delivery = message.delivery;
+        if seckill_messaging::batch::is_batch(&delivery.properties) {
+            let parts = seckill_messaging::batch::unpack(&delivery.data, &delivery.properties)
+                .expect("a readable batch");
+            sizes.push(parts.len());
+            for part in parts {
+                let id = part.properties.message_id().clone().expect("message id");
+                published.push(id.to_string());
+            }
+        } else {
+            sizes.push(1);
+            assert_eq!(delivery.data, b"not json");
+        }
+    }
+    assert_eq!(sizes, [64, 64, 2, 1]);
+    assert_eq!(published, sent, "every purchase once, in order");
+    drop(jobs);
+    worker.await.expect("worker");
     let _ = connection.close(200, "test done".into()).await;
     ns.cleanup().await;
 }

@@ -2,7 +2,8 @@
 //!
 //! Each bucket's accepted purchases sit in its outbox stream (written by the purchase Lua).
 //! The relay reads them through a consumer group, publishes everything it read in one round
-//! (persistent, `mandatory`, all confirms in flight at once, across streams), waits for the
+//! (persistent, `mandatory`, all confirms in flight at once, across streams; up to
+//! `publish_batch_max` purchases per message, `seckill_messaging::batch`), waits for the
 //! broker's confirms, and only then `XACK`s and `XDEL`s the confirmed entries. Anything
 //! unconfirmed stays pending: after a reconnect the relay first replays its own pending
 //! entries, and entries left pending by a replica that died are taken over with
@@ -42,13 +43,13 @@ use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use seckill_messaging::batch::Outgoing;
 use seckill_messaging::{
-    Confirm, ConfirmedPublisher, Health, NotTaken, OrderSigner, PublishError, Supervised,
-    Supervisor, Topology, TraceHeaders,
+    ConfirmedPublisher, Health, NotTaken, OrderSigner, PublishError, Supervised, Supervisor,
+    Topology, TraceHeaders,
 };
 use seckill_store::RedisKeys;
 use seckill_telemetry::TraceParent;
-use tracing::Instrument as _;
 
 #[cfg(feature = "failpoints")]
 use crate::failpoints::redis_lost;
@@ -149,6 +150,8 @@ pub struct Relay {
     pub db: sqlx::PgPool,
     /// Entries per stream per round.
     pub batch: usize,
+    /// Purchases one message carries at most (`publish_batch_max`).
+    pub batch_max: usize,
     /// Entries idle this long on another consumer are taken over.
     pub reclaim_idle: Duration,
     /// Streams the purchase handler wrote to, so the relay does not wait for its tick.
@@ -403,31 +406,52 @@ impl Relay {
         }
         seckill_http::failpoint!("relay::after_note", Err(redis_lost()));
         let started = Instant::now();
+        let prepared: Vec<(usize, Prepared)> = round
+            .iter()
+            .enumerate()
+            .flat_map(|(index, (_, entries))| entries.iter().map(move |e| (index, e)))
+            .map(|(index, entry)| (index, Prepared::from_entry(entry)))
+            .collect();
+        // Entries that can share a message do, up to `batch_max` each; any other goes alone.
+        let (grouped, alone): (Vec<_>, Vec<_>) = prepared
+            .iter()
+            .partition(|(_, p)| seckill_messaging::batch::embeddable(&p.payload));
         let mut pending = Vec::new();
-        for (index, (_, entries)) in round.iter().enumerate() {
-            for entry in entries {
-                let confirm = self.publish_one(publisher, entry).await?;
-                pending.push((index, entry.id.clone(), confirm));
-            }
+        for message in grouped.chunks(self.batch_max.max(1)).chain(alone.chunks(1)) {
+            let orders: Vec<Outgoing<'_>> = message.iter().map(|(_, p)| p.outgoing()).collect();
+            metrics::histogram!(names::ORDERS_PER_MESSAGE).record(orders.len() as f64);
+            let confirm = publisher
+                .send_orders(&self.signer, &self.topology, &orders)
+                .await
+                .context("publish")?;
+            let ids: Vec<(usize, String)> = message
+                .iter()
+                .map(|(index, p)| (*index, p.entry_id.clone()))
+                .collect();
+            pending.push((ids, confirm));
         }
-        metrics::counter!(names::OUTBOX_PUBLISHED).increment(pending.len() as u64);
+        metrics::counter!(names::OUTBOX_PUBLISHED).increment(prepared.len() as u64);
         let mut confirmed: Vec<Vec<String>> = vec![Vec::new(); round.len()];
         let mut failed = 0usize;
         let mut returned = 0usize;
-        for (index, id, confirm) in pending {
+        for (ids, confirm) in pending {
             let confirmed_one = publisher.confirmed(confirm).await;
             if let Err(e) = &confirmed_one {
                 metrics::counter!(names::OUTBOX_CONFIRM_FAILURES,
                     "reason" => names::confirm_failure_reason(e))
-                .increment(1);
+                .increment(ids.len() as u64);
             }
             match confirmed_one {
-                Ok(()) => confirmed[index].push(id),
-                // Routed nowhere: the queue is missing. Keep the entry; the reconnect that
-                // follows re-declares the topology and replays it.
-                Err(PublishError::NotTaken(NotTaken::Returned)) => returned += 1,
+                Ok(()) => {
+                    for (index, id) in ids {
+                        confirmed[index].push(id);
+                    }
+                }
+                // Routed nowhere: the queue is missing. Keep the entries; the reconnect that
+                // follows re-declares the topology and replays them.
+                Err(PublishError::NotTaken(NotTaken::Returned)) => returned += ids.len(),
                 Err(PublishError::NotTaken(NotTaken::Nacked | NotTaken::NotConfirmed)) => {
-                    failed += 1
+                    failed += ids.len()
                 }
                 Err(e @ PublishError::TimedOut(_)) => {
                     return Err(e).context("no confirm within the relay's timeout");
@@ -435,6 +459,8 @@ impl Relay {
                 Err(e @ PublishError::Channel(_)) => return Err(e).context("await confirm"),
             }
         }
+        // Each entry's publish span ends with its round's confirms.
+        drop(prepared);
         metrics::histogram!(names::OUTBOX_CONFIRM_SECONDS).record(started.elapsed().as_secs_f64());
         if failed + returned > 0 {
             // lapin pairs a returned message with whichever confirm resolves next, so which
@@ -460,12 +486,23 @@ impl Relay {
         metrics::counter!(names::OUTBOX_CONFIRMED).increment(moved as u64);
         Ok(moved)
     }
+}
 
-    async fn publish_one(
-        &self,
-        publisher: &ConfirmedPublisher,
-        entry: &StreamId,
-    ) -> anyhow::Result<Confirm> {
+/// An outbox entry ready to publish: its fields, and the publish span its message's trace
+/// headers name.
+struct Prepared {
+    entry_id: String,
+    request_id: String,
+    http_request_id: String,
+    payload: Vec<u8>,
+    traceparent: String,
+    tracestate: String,
+    /// Open until the round's confirms came.
+    _span: tracing::Span,
+}
+
+impl Prepared {
+    fn from_entry(entry: &StreamId) -> Self {
         let payload: Vec<u8> = entry.get("payload").unwrap_or_default();
         let request_id: String = entry.get("request_id").unwrap_or_default();
         let http_request_id: String = entry.get("http_request_id").unwrap_or_default();
@@ -483,22 +520,31 @@ impl Relay {
         let onwards = stored.map(|stored| {
             seckill_telemetry::continue_trace(&span, Some(&stored), Some(&tracestate)).header()
         });
-        let trace = TraceHeaders {
-            traceparent: onwards.as_ref().map_or("", |h| h.as_str()),
-            tracestate: if onwards.is_some() { &tracestate } else { "" },
+        let (traceparent, tracestate) = match onwards {
+            Some(header) => (header.as_str().to_string(), tracestate),
+            None => (String::new(), String::new()),
         };
-        publisher
-            .send_order(
-                &self.signer,
-                &self.topology,
-                &request_id,
-                &http_request_id,
-                &payload,
-                trace,
-            )
-            .instrument(span)
-            .await
-            .context("publish")
+        Self {
+            entry_id: entry.id.clone(),
+            request_id,
+            http_request_id,
+            payload,
+            traceparent,
+            tracestate,
+            _span: span,
+        }
+    }
+
+    fn outgoing(&self) -> Outgoing<'_> {
+        Outgoing {
+            request_id: &self.request_id,
+            http_request_id: &self.http_request_id,
+            payload: &self.payload,
+            trace: TraceHeaders {
+                traceparent: &self.traceparent,
+                tracestate: &self.tracestate,
+            },
+        }
     }
 }
 

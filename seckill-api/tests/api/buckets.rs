@@ -44,19 +44,12 @@ async fn buyers_whose_home_bucket_is_dry_get_units_from_the_other_buckets() {
     // flags answer everyone 410, earlier buyers included: they poll their result.)
     assert_eq!(app.purchase(product, users[4]).await.status(), 410);
     // Each unit's order intent reaches the queue once, whichever bucket's outbox held it.
+    let queued = seckill_testkit::TakenPurchases::from(&app.ns).await;
     eventually("four intents relayed", Duration::from_secs(10), || async {
-        (app.outbox_len(product).await == 0 && queued(&app).await == 4).then_some(())
+        (app.outbox_len(product).await == 0 && queued.count().await == 4).then_some(())
     })
     .await;
     app.shutdown().await;
-}
-
-/// Messages the relay put in the namespace's order queue.
-async fn queued(app: &TestApp) -> i64 {
-    let (connection, channel) = app.ns.channel().await;
-    let depth = app.ns.queue_depth(&channel, &app.ns.topology().queue).await;
-    let _ = connection.close(200, "done".into()).await;
-    i64::from(depth)
 }
 
 #[tokio::test]

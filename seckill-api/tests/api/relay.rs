@@ -30,6 +30,7 @@ async fn relay(ns: &TestNamespace, redis: seckill_store::Redis) -> (Relay, Arc<R
         .await
         .expect("migrated database"),
         batch: 256,
+        batch_max: 64,
         reclaim_idle: Duration::from_millis(200),
         hints: Arc::new(RelayHints::default()),
         connected: Arc::new(AtomicBool::new(false)),
@@ -66,13 +67,6 @@ async fn write_entry(conn: &mut RedisConn, stream: &str, request_id: &str) {
         .query_async(conn)
         .await
         .expect("xadd");
-}
-
-async fn queued(ns: &TestNamespace) -> u32 {
-    let (connection, channel) = ns.channel().await;
-    let depth = ns.queue_depth(&channel, &ns.topology().queue).await;
-    let _ = connection.close(200, "done".into()).await;
-    depth
 }
 
 async fn consumers(conn: &mut RedisConn, stream: &str) -> Vec<String> {
@@ -127,10 +121,11 @@ async fn a_relay_pass_costs_nothing_per_finished_sale_in_a_registry_of_10000() {
         },
     )
     .await;
+    let queued = seckill_testkit::TakenPurchases::from(&ns).await;
     eventually(
         "the live entry relayed",
         Duration::from_secs(20),
-        || async { (queued(&ns).await == 1).then_some(()) },
+        || async { (queued.count().await == 1).then_some(()) },
     )
     .await;
     // From now on: a window of passes and safety scans, and the commands they sent.
@@ -188,6 +183,7 @@ async fn entries_of_a_dead_replica_are_relayed_without_any_hint() {
     let (relay, _) = relay(&ns, redis_of(&ns)).await;
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));
+    let queued = seckill_testkit::TakenPurchases::from(&ns).await;
     eventually("both entries relayed", Duration::from_secs(20), || async {
         let mut conn = ns.redis().await;
         let left: i64 = redis::cmd("XLEN")
@@ -195,7 +191,7 @@ async fn entries_of_a_dead_replica_are_relayed_without_any_hint() {
             .query_async(&mut conn)
             .await
             .ok()?;
-        (left == 0 && queued(&ns).await == 2).then_some(())
+        (left == 0 && queued.count().await == 2).then_some(())
     })
     .await;
     cancel.cancel();
@@ -255,10 +251,11 @@ async fn consumer_names_of_dead_replicas_are_pruned_once_they_hold_nothing() {
     let (relay, _) = relay(&ns, redis_of(&ns)).await;
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));
+    let queued = seckill_testkit::TakenPurchases::from(&ns).await;
     eventually("the holder pruned", Duration::from_secs(20), || async {
         let mut conn = ns.redis().await;
         let names = consumers(&mut conn, &stream).await;
-        (queued(&ns).await == 1 && !names.contains(&"holder".to_string())).then_some(())
+        (queued.count().await == 1 && !names.contains(&"holder".to_string())).then_some(())
     })
     .await;
     cancel.cancel();
@@ -305,8 +302,9 @@ async fn the_relay_notes_each_purchase_in_transit_before_publishing_it() {
     let (relay, _) = relay(&ns, redis_of(&ns)).await;
     let cancel = CancellationToken::new();
     let task = tokio::spawn(relay.run(cancel.clone()));
+    let queued = seckill_testkit::TakenPurchases::from(&ns).await;
     eventually("the entry relayed", Duration::from_secs(20), || async {
-        (queued(&ns).await == 1).then_some(())
+        (queued.count().await == 1).then_some(())
     })
     .await;
     let db = ns.db().await;
