@@ -45,12 +45,19 @@ pub const HEADER_ORDERS: &str = "x-orders";
 
 /// Most purchases one message may carry: a consumer refuses a bigger batch as malformed
 /// (one message is one transaction in order-service).
-pub const MAX_ORDERS: usize = 1024;
+pub const MAX_ORDERS: usize = 256;
+/// Largest batch body a consumer reads; a bigger one is refused as malformed before it is
+/// parsed, so a crafted body cannot make it allocate without bound.
+pub const MAX_BODY: usize = MAX_ORDERS * 8 * 1024;
+/// Longest string header of a batch that is copied onto each of its parts; a longer one
+/// (only a crafted batch has one) is left off, so parts cannot multiply it.
+const MAX_COPIED_HEADER: usize = 1024;
 
 /// One purchase to publish: its order message body, the ids that name it and its trace.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
-    /// The purchase's request id: the single-order message's `message_id`.
+    /// The purchase's request id: the `message_id` when it is sent alone (a part's comes
+    /// from its body when it is unpacked).
     pub request_id: &'a str,
     /// The HTTP request that made it.
     pub http_request_id: &'a str,
@@ -60,9 +67,10 @@ pub struct Outgoing<'a> {
     pub trace: TraceHeaders<'a>,
 }
 
-/// Whether `payload` is one JSON value, so that it can stand inside a batch's body as it is.
+/// Whether `payload` is one JSON value with nothing around it, so that it stands inside a
+/// batch's body as it is and comes out of it byte for byte (its signature is of those bytes).
 pub fn embeddable(payload: &[u8]) -> bool {
-    serde_json::from_slice::<&RawValue>(payload).is_ok()
+    serde_json::from_slice::<&RawValue>(payload).is_ok_and(|raw| raw.get().as_bytes() == payload)
 }
 
 /// The body of a batch of `orders`, each part signed by `signer`. Every payload must be
@@ -170,6 +178,12 @@ pub fn unpack(data: &[u8], properties: &BasicProperties) -> Result<Vec<Part>, Ma
     struct Named {
         request_id: String,
     }
+    if data.len() > MAX_BODY {
+        return Err(Malformed(format!(
+            "a body of {} bytes, over the limit of {MAX_BODY}",
+            data.len()
+        )));
+    }
     let batch: Batch<'_> = serde_json::from_slice(data).map_err(|e| Malformed(e.to_string()))?;
     if batch.orders.is_empty() {
         return Err(Malformed("no orders".into()));
@@ -184,7 +198,7 @@ pub fn unpack(data: &[u8], properties: &BasicProperties) -> Result<Vec<Part>, Ma
         .headers()
         .iter()
         .flat_map(|h| h.inner())
-        .filter(|(name, _)| {
+        .filter(|(name, value)| {
             ![
                 HEADER_ORDERS,
                 HEADER_SIGNATURE,
@@ -193,6 +207,7 @@ pub fn unpack(data: &[u8], properties: &BasicProperties) -> Result<Vec<Part>, Ma
                 HEADER_TRACESTATE,
             ]
             .contains(&name.as_str())
+                && !matches!(value, AMQPValue::LongString(s) if s.as_bytes().len() > MAX_COPIED_HEADER)
         })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
@@ -220,10 +235,13 @@ pub fn unpack(data: &[u8], properties: &BasicProperties) -> Result<Vec<Part>, Ma
                 .clone()
                 .with_content_type(CONTENT_TYPE_ORDER.into())
                 .with_headers(headers);
-            part = match serde_json::from_slice::<Named>(&data) {
-                Ok(named) => part.with_message_id(named.request_id.into()),
-                Err(_) => part.with_message_id(ShortString::from("")),
-            };
+            // The body is not trusted yet: only a well-formed id names the message (an AMQP
+            // short string holds 255 bytes at most).
+            let id = serde_json::from_slice::<Named>(&data)
+                .ok()
+                .and_then(|named| uuid::Uuid::parse_str(&named.request_id).ok())
+                .map_or_else(String::new, |id| id.to_string());
+            part = part.with_message_id(ShortString::from(id));
             Part {
                 data,
                 properties: part,
@@ -266,11 +284,16 @@ mod tests {
     fn each_part_is_the_single_message_it_stands_for() {
         let signer = OrderSigner::new("key");
         // Spacing a serializer would not write: the part must keep the bytes signed.
-        let first = br#"{"request_id":"r1", "user_id":1,"product_id":7}"#;
-        let second = br#"{"request_id":"r2","user_id":2,"product_id":8,"note":"a\"b"}"#;
+        let (r1, r2) = (
+            uuid::Uuid::now_v7().to_string(),
+            uuid::Uuid::now_v7().to_string(),
+        );
+        let first = format!(r#"{{"request_id":"{r1}", "user_id":1,"product_id":7}}"#);
+        let second = format!(r#"{{"request_id":"{r2}","user_id":2,"product_id":8,"note":"a\"b"}}"#);
+        let (first, second) = (first.as_bytes(), second.as_bytes());
         let orders = [
             Outgoing {
-                request_id: "r1",
+                request_id: &r1,
                 http_request_id: "h1",
                 payload: first,
                 trace: TraceHeaders {
@@ -279,7 +302,7 @@ mod tests {
                 },
             },
             Outgoing {
-                request_id: "r2",
+                request_id: &r2,
                 http_request_id: "h\"2",
                 payload: second,
                 trace: TraceHeaders::default(),
@@ -293,7 +316,10 @@ mod tests {
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].data, first);
         assert_eq!(parts[1].data, second);
-        for (part, id, http) in [(&parts[0], "r1", "h1"), (&parts[1], "r2", "h\"2")] {
+        for (part, id, http) in [
+            (&parts[0], r1.as_str(), "h1"),
+            (&parts[1], r2.as_str(), "h\"2"),
+        ] {
             assert!(!is_batch(&part.properties));
             assert_eq!(
                 part.properties.message_id().as_ref().map(|m| m.as_str()),
@@ -401,10 +427,60 @@ mod tests {
     }
 
     #[test]
-    fn only_one_json_value_is_embeddable() {
+    fn only_one_json_value_alone_is_embeddable() {
         assert!(embeddable(br#"{"request_id":"r"}"#));
         assert!(!embeddable(br#"{"request_id":"r""#));
         assert!(!embeddable(br#"{"a":1} {"b":2}"#));
         assert!(!embeddable(b""));
+        // Whitespace around the value would not come out of the batch: its signature would
+        // then fail.
+        assert!(!embeddable(b" {\"a\":1}\n"));
+    }
+
+    #[test]
+    fn a_crafted_part_cannot_name_its_message_with_anything_but_a_uuid() {
+        let long = "x".repeat(300);
+        let id = uuid::Uuid::now_v7().to_string();
+        let body = format!(
+            r#"{{"orders":[{{"order":{{"request_id":"{long}"}}}},{{"order":{{"request_id":"{id}"}}}}]}}"#
+        );
+        let parts = unpack(body.as_bytes(), &properties(2)).expect("unpack");
+        let ids: Vec<String> = parts
+            .iter()
+            .map(|p| {
+                p.properties
+                    .message_id()
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(ids, [String::new(), id]);
+    }
+
+    #[test]
+    fn long_batch_headers_are_not_copied_onto_every_part() {
+        let mut headers = properties(1).headers().clone().expect("headers");
+        headers.insert(
+            "x-error-message".into(),
+            AMQPValue::LongString("e".repeat(5000).into()),
+        );
+        headers.insert(
+            "x-error-code".into(),
+            AMQPValue::LongString("rejected".into()),
+        );
+        let body = br#"{"orders":[{"order":{"request_id":"r"}}]}"#;
+        let parts = unpack(body, &properties(1).with_headers(headers)).expect("unpack");
+        assert_eq!(header(&parts[0].properties, "x-error-message"), None);
+        assert_eq!(
+            header(&parts[0].properties, "x-error-code").as_deref(),
+            Some("rejected")
+        );
+    }
+
+    #[test]
+    fn an_oversized_body_is_refused_before_it_is_read() {
+        let body = vec![b' '; MAX_BODY + 1];
+        assert!(unpack(&body, &properties(1)).is_err());
     }
 }
