@@ -16,7 +16,7 @@ use super::delivery::{Exhausted, Out};
 use super::headers::{
     attempt_of, delivery_count, delivery_span, retried_at, signature_of, trace_of,
 };
-use super::message::{Msg, Received};
+use super::message::{Msg, Pending, Received};
 use crate::metrics as names;
 use crate::orders;
 
@@ -29,6 +29,11 @@ impl OrderConsumer {
     /// buyer's result written, acked), and only the others are dead-lettered. Deliveries the
     /// batch already finished are left alone: one may be awaiting its (coalesced) ack.
     pub(super) async fn handle_even_on_panic(self, batch: Vec<Received>, out: Out) {
+        // At most prefetch / batch_size batches write at once; the others wait their turn
+        // with their deliveries in hand (reported, so the fence sees them).
+        let Ok(_writing) = out.writers.clone().acquire_owned().await else {
+            return;
+        };
         let tags: Vec<u64> = batch.iter().map(Received::tag).collect();
         let mut kept = Vec::with_capacity(batch.len());
         for received in batch {
@@ -53,6 +58,21 @@ impl OrderConsumer {
             return;
         }
         tracing::error!("order handler panicked; finishing what it wrote, dead-lettering the rest");
+        // A batch whose parts were all settled may have lost its own ack or nack with the
+        // panic: send it now. One this ledger does not know is taken as wholly unsettled.
+        let unsettled = out.acks.still_in_hand(&tags).await;
+        for received in batch
+            .iter()
+            .filter(|r| r.part_count() > 0 && unsettled.contains(&r.tag()))
+        {
+            match out.parts.pending(received.tag()) {
+                Pending::Whole(whole) => {
+                    self.settle_whole(&out, &received.delivery, whole).await;
+                }
+                Pending::Unknown => out.parts.open(received.tag(), received.part_count()),
+                Pending::Parts(_) => {}
+            }
+        }
         let unsettled = out.acks.still_in_hand(&tags).await;
         let in_hand: Vec<Msg<'_>> = batch
             .iter()
@@ -69,9 +89,14 @@ impl OrderConsumer {
         for received in batch.iter().filter(|r| unsettled.contains(&r.tag())) {
             for message in received.unsettled(&out.parts) {
                 if message.part.is_some() {
-                    // A part goes to the dead-letter exchange as its own message.
-                    self.dead_letter(&out, message, "panic", "its handler panicked")
-                        .await;
+                    if out.parts.going_back(message.tag()) {
+                        // Its batch goes back to the queue whole anyway: this part with it.
+                        self.hand_back(&out, message).await;
+                    } else {
+                        // A part goes to the dead-letter exchange as its own message.
+                        self.dead_letter(&out, message, "panic", "its handler panicked")
+                            .await;
+                    }
                     continue;
                 }
                 let delivery = message.delivery;
@@ -91,6 +116,10 @@ impl OrderConsumer {
                 }
                 out.acks.settled_elsewhere(delivery.delivery_tag).await;
             }
+        }
+        let still = out.acks.still_in_hand(&tags).await;
+        for tag in tags.iter().filter(|tag| !still.contains(tag)) {
+            out.parts.forget(*tag);
         }
         out.holdings.released(&tags);
     }

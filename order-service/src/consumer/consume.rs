@@ -68,6 +68,9 @@ impl OrderConsumer {
             acks: Arc::new(AckWindow::new(channel.clone())),
             holdings,
             parts: Arc::new(Parts::default()),
+            writers: Arc::new(tokio::sync::Semaphore::new(
+                (usize::from(self.prefetch) / self.batch_size.max(1)).max(1),
+            )),
         };
 
         let mut in_flight = JoinSet::new();

@@ -317,9 +317,12 @@ impl OrderConsumer {
     }
 
     /// Settles a batch delivery whose parts are all settled.
-    async fn settle_whole(&self, out: &Out, delivery: &Delivery, whole: Whole) {
+    pub(super) async fn settle_whole(&self, out: &Out, delivery: &Delivery, whole: Whole) {
         match whole {
-            Whole::Ack => out.acks.ack(delivery.delivery_tag).await,
+            Whole::Ack => {
+                out.acks.ack(delivery.delivery_tag).await;
+                out.parts.forget(delivery.delivery_tag);
+            }
             Whole::HandBack => self.hand_back_delivery(out, delivery).await,
         }
     }
@@ -335,7 +338,6 @@ impl OrderConsumer {
     /// original acked. Should that publish fail, the nack it is.
     pub(super) async fn hand_back_delivery(&self, out: &Out, delivery: &Delivery) {
         metrics::counter!("orders_requeued_total").increment(1);
-        out.parts.forget(delivery.delivery_tag);
         if delivery_count(&delivery.properties) >= MAX_REQUEUES {
             let whole = Msg {
                 delivery,
@@ -356,6 +358,7 @@ impl OrderConsumer {
                 out.holdings.handed_back();
                 metrics::counter!("orders_recycled_total").increment(1);
                 out.acks.ack(delivery.delivery_tag).await;
+                out.parts.forget(delivery.delivery_tag);
                 return;
             }
         }
@@ -369,6 +372,7 @@ impl OrderConsumer {
         }
         out.holdings.handed_back();
         out.acks.settled_elsewhere(delivery.delivery_tag).await;
+        out.parts.forget(delivery.delivery_tag);
     }
 }
 
@@ -390,6 +394,9 @@ pub(super) struct Out {
     pub(super) holdings: Arc<Holdings>,
     /// Which parts of the batch deliveries in hand are settled.
     pub(super) parts: Arc<Parts>,
+    /// Batches written at once: prefetch / batch_size of them, as when every delivery was
+    /// one purchase (a delivery of many purchases fills a batch alone).
+    pub(super) writers: Arc<tokio::sync::Semaphore>,
 }
 
 /// How a written message is settled once its buyer's result is written.

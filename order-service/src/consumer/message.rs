@@ -119,6 +119,21 @@ struct Open {
     settled: Vec<bool>,
     /// A part must go back to the queue: so does the delivery.
     back: bool,
+    /// Every part is settled and the delivery's own settling was handed out; the entry
+    /// stays until that ack or nack is sent ([`Parts::forget`]), so a panic in between
+    /// still finds what the delivery was to become.
+    done: bool,
+}
+
+/// What is left to do for a batch delivery in hand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Pending {
+    /// These parts are not settled yet.
+    Parts(Vec<usize>),
+    /// Every part is; the delivery itself is still to be settled so.
+    Whole(Whole),
+    /// Not a batch this ledger knows.
+    Unknown,
 }
 
 /// What a batch delivery becomes once its last part is settled.
@@ -138,13 +153,15 @@ impl Parts {
             Open {
                 settled: vec![false; count],
                 back: false,
+                done: false,
             },
         );
     }
 
     /// Part `index` of delivery `tag` is settled (`back`: it must be delivered again).
-    /// Returns what the delivery becomes once this was its last part unsettled; the
-    /// delivery is then forgotten. A part settled twice counts once.
+    /// Returns what the delivery becomes, once, when this was its last part unsettled: the
+    /// caller settles the delivery so and then [`Self::forget`]s it. A part settled twice
+    /// counts once.
     pub(super) fn settle(&self, tag: u64, index: usize, back: bool) -> Option<Whole> {
         let mut open = self.lock();
         let parts = open.get_mut(&tag)?;
@@ -152,32 +169,46 @@ impl Parts {
             *settled = true;
         }
         parts.back |= back;
-        if !parts.settled.iter().all(|&s| s) {
+        if parts.done || !parts.settled.iter().all(|&s| s) {
             return None;
         }
-        let whole = if parts.back {
-            Whole::HandBack
-        } else {
-            Whole::Ack
-        };
-        open.remove(&tag);
-        Some(whole)
+        parts.done = true;
+        Some(whole(parts))
     }
 
-    /// The parts of delivery `tag` not settled yet (none if it is not a batch in hand).
+    /// What is left to do for delivery `tag`.
+    pub(super) fn pending(&self, tag: u64) -> Pending {
+        match self.lock().get(&tag) {
+            None => Pending::Unknown,
+            Some(parts) if parts.done => Pending::Whole(whole(parts)),
+            Some(parts) => Pending::Parts(
+                parts
+                    .settled
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| !**s)
+                    .map(|(index, _)| index)
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The parts of delivery `tag` not settled yet (none if it is not a batch in hand, or
+    /// if all are).
     pub(super) fn unsettled(&self, tag: u64) -> Vec<usize> {
-        self.lock().get(&tag).map_or_else(Vec::new, |parts| {
-            parts
-                .settled
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !**s)
-                .map(|(index, _)| index)
-                .collect()
-        })
+        match self.pending(tag) {
+            Pending::Parts(parts) => parts,
+            Pending::Whole(_) | Pending::Unknown => Vec::new(),
+        }
     }
 
-    /// Delivery `tag` was settled whole (handed back): its parts no longer matter.
+    /// Whether a part of delivery `tag` already has to go back to the queue (and so the
+    /// whole delivery will).
+    pub(super) fn going_back(&self, tag: u64) -> bool {
+        self.lock().get(&tag).is_some_and(|parts| parts.back)
+    }
+
+    /// Delivery `tag` was settled with the broker: its parts no longer matter.
     pub(super) fn forget(&self, tag: u64) {
         self.lock().remove(&tag);
     }
@@ -186,6 +217,14 @@ impl Parts {
         self.open
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn whole(parts: &Open) -> Whole {
+    if parts.back {
+        Whole::HandBack
+    } else {
+        Whole::Ack
     }
 }
 
@@ -203,7 +242,11 @@ mod tests {
         assert_eq!(parts.settle(7, 2, false), None);
         assert_eq!(parts.settle(7, 1, false), Some(Whole::Ack));
         assert!(parts.unsettled(7).is_empty());
-        assert_eq!(parts.settle(7, 1, false), None, "forgotten once whole");
+        assert_eq!(parts.settle(7, 1, false), None, "handed out once");
+        // Until its ack is sent, what it was to become is still known.
+        assert_eq!(parts.pending(7), Pending::Whole(Whole::Ack));
+        parts.forget(7);
+        assert_eq!(parts.pending(7), Pending::Unknown);
     }
 
     #[test]
@@ -212,7 +255,10 @@ mod tests {
         parts.open(1, 2);
         parts.open(2, 1);
         assert_eq!(parts.settle(1, 1, true), None);
+        assert!(parts.going_back(1));
+        assert_eq!(parts.pending(1), Pending::Parts(vec![0]));
         assert_eq!(parts.settle(2, 0, false), Some(Whole::Ack));
         assert_eq!(parts.settle(1, 0, false), Some(Whole::HandBack));
+        assert_eq!(parts.pending(1), Pending::Whole(Whole::HandBack));
     }
 }
