@@ -403,6 +403,11 @@ impl OrderPublisher {
                 // A handler answers `202` on the outbox now, and the broker may take the
                 // batch much later.
                 self.note_in_transit(batch).await;
+                if Instant::now() >= batch_deadline {
+                    // Past the bound with confirms still due when it passed: the channel
+                    // ends, whatever came in while the note was written.
+                    return Err(PublishError::TimedOut);
+                }
                 tokio::time::timeout_at(batch_deadline, &mut publish_all)
                     .await
                     .unwrap_or(Err(PublishError::TimedOut))

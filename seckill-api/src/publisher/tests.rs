@@ -208,8 +208,8 @@ async fn purchases_waiting_together_go_out_as_batch_messages_of_at_most_the_maxi
                 .expect("a readable batch");
             sizes.push(parts.len());
             for part in parts {
-                let id = part.properties.message_id().clone().expect("message id");
-                published.push(id.to_string());
+                let body: serde_json::Value = serde_json::from_slice(&part.data).expect("json");
+                published.push(body["request_id"].as_str().unwrap_or_default().to_string());
             }
         } else {
             sizes.push(1);
