@@ -117,10 +117,13 @@ impl Handler for Pipeline {
                 &generated
             }
         };
+        // Plain strings, not `%` values: the JSON log layer copies a string as it is, where a
+        // `Display` value goes through the formatting machinery (crates/telemetry's
+        // json_fields).
         let span = tracing::info_span!(
             "http",
-            method = %head.method(),
-            path = %head.path(),
+            method = head.method().as_str(),
+            path = head.path(),
             request_id = std::str::from_utf8(request_id).unwrap_or("-"),
             user_id = tracing::field::Empty,
             trace_id = tracing::field::Empty,

@@ -84,11 +84,12 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
                             .get(REQUEST_ID)
                             .and_then(|v| v.to_str().ok())
                             .unwrap_or("-");
+                        // Plain strings: cheaper for the JSON log layer than `%` values.
                         let span = tracing::info_span!(
                             "http",
-                            method = %req.method(),
-                            path = %req.uri().path(),
-                            request_id = %request_id,
+                            method = req.method().as_str(),
+                            path = req.uri().path(),
+                            request_id,
                             service,
                             trace_id = tracing::field::Empty,
                         );

@@ -17,11 +17,12 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
-use tracing_subscriber::fmt::format::{FmtSpan, JsonFields};
+use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
+pub mod json_fields;
 pub mod logs;
 pub mod otel;
 pub mod trace_context;
@@ -86,7 +87,9 @@ pub fn install(
 }
 
 /// The JSON log lines: one object per event, span fields flattened in, `trace_id` first
-/// inside a traced span ([`logs::WithTraceId`]). Public so a test can capture the lines.
+/// inside a traced span ([`logs::WithTraceId`]). A span's fields are kept as the JSON object
+/// the lines embed, written once ([`json_fields::SpanFields`]). Public so a test can capture
+/// the lines.
 pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
@@ -98,7 +101,7 @@ where
         .with_current_span(true)
         .with_span_list(true);
     tracing_subscriber::fmt::layer()
-        .fmt_fields(JsonFields::new())
+        .fmt_fields(json_fields::SpanFields)
         .with_span_events(FmtSpan::NONE)
         .event_format(WithTraceId(format))
         .with_writer(writer)

@@ -14,24 +14,50 @@ use tracing_subscriber::registry::LookupSpan;
 /// The span field naming the trace a span belongs to.
 pub const TRACE_ID_FIELD: &str = "trace_id";
 
-/// A span's trace id, as recorded in its `trace_id` field.
-#[derive(Debug, Clone)]
-struct SpanTraceId(String);
+/// The longest `trace_id` kept (a W3C trace id has 32 characters).
+const MAX_TRACE_ID: usize = 64;
+
+/// A span's trace id, as recorded in its `trace_id` field: kept in place, so that recording
+/// it allocates nothing beyond the extension.
+#[derive(Debug, Clone, Copy)]
+struct SpanTraceId {
+    len: u8,
+    text: [u8; MAX_TRACE_ID],
+}
+
+impl SpanTraceId {
+    /// Only a plain id, 1 to [`MAX_TRACE_ID`] letters and digits: it is written into the
+    /// JSON line unescaped.
+    fn new(value: &str) -> Option<Self> {
+        let len = value.len();
+        if len == 0 || len > MAX_TRACE_ID || !value.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return None;
+        }
+        let mut text = [0; MAX_TRACE_ID];
+        text[..len].copy_from_slice(value.as_bytes());
+        Some(Self {
+            len: len as u8,
+            text,
+        })
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.text[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
 
 /// Keeps each span's `trace_id` field in the span's extensions, for [`WithTraceId`].
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TraceIdLayer;
 
-struct Find(Option<String>);
+struct Find(Option<SpanTraceId>);
 
 impl Visit for Find {
     fn record_str(&mut self, field: &Field, value: &str) {
-        // Only a plain id: it is written into the JSON line unescaped.
         if field.name() == TRACE_ID_FIELD
-            && !value.is_empty()
-            && value.bytes().all(|b| b.is_ascii_alphanumeric())
+            && let Some(trace_id) = SpanTraceId::new(value)
         {
-            self.0 = Some(value.to_string());
+            self.0 = Some(trace_id);
         }
     }
 
@@ -53,7 +79,7 @@ where
         let mut find = Find(None);
         attrs.record(&mut find);
         if let (Some(trace_id), Some(span)) = (find.0, ctx.span(id)) {
-            span.extensions_mut().insert(SpanTraceId(trace_id));
+            span.extensions_mut().insert(trace_id);
         }
     }
 
@@ -61,7 +87,7 @@ where
         let mut find = Find(None);
         values.record(&mut find);
         if let (Some(trace_id), Some(span)) = (find.0, ctx.span(id)) {
-            span.extensions_mut().replace(SpanTraceId(trace_id));
+            span.extensions_mut().replace(trace_id);
         }
     }
 }
@@ -86,11 +112,12 @@ where
         let trace_id = ctx.event_scope().and_then(|scope| {
             scope
                 .into_iter()
-                .find_map(|span| span.extensions().get::<SpanTraceId>().cloned())
+                .find_map(|span| span.extensions().get::<SpanTraceId>().copied())
         });
-        let Some(SpanTraceId(trace_id)) = trace_id else {
+        let Some(trace_id) = trace_id else {
             return self.0.format_event(ctx, writer, event);
         };
+        let trace_id = trace_id.as_str();
         let mut line = String::with_capacity(256);
         self.0.format_event(ctx, Writer::new(&mut line), event)?;
         match line.strip_prefix('{') {
@@ -108,10 +135,10 @@ pub(crate) fn trace_id_in_scope(span: &tracing::Span) -> Option<[u8; 16]> {
             let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>()?;
             let span = registry.span(id)?;
             span.scope()
-                .find_map(|s| s.extensions().get::<SpanTraceId>().map(|t| t.0.clone()))
+                .find_map(|s| s.extensions().get::<SpanTraceId>().copied())
         })
         .flatten()?;
-    let hex = hex.as_bytes();
+    let hex = hex.as_str().as_bytes();
     if hex.len() != 32 {
         return None;
     }

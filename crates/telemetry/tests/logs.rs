@@ -74,3 +74,37 @@ fn a_span_without_a_received_trace_starts_one() {
     assert_eq!(trace_id.len(), 32);
     assert_eq!(lines[0]["expected"], trace_id);
 }
+
+#[test]
+fn a_line_carries_the_request_id_and_the_fields_recorded_after_the_span_was_made() {
+    let lines = with_logs(|| {
+        let span = tracing::info_span!(
+            "http",
+            method = "POST",
+            path = "/api/seckill/7",
+            request_id = "r-\"quoted\"\n",
+            user_id = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+        );
+        continue_trace(&span, None, None);
+        span.record("user_id", 42_u64);
+        let _entered = span.enter();
+        tracing::info!("inside");
+        let inner = tracing::info_span!("stock.purchase", request_id = "r-inner");
+        let _inner = inner.enter();
+        tracing::info!("nested");
+    });
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let outer = &lines[0]["span"];
+    assert_eq!(outer["request_id"], "r-\"quoted\"\n", "{}", lines[0]);
+    assert_eq!(outer["user_id"], 42);
+    assert_eq!(outer["method"], "POST");
+    assert_eq!(outer["path"], "/api/seckill/7");
+    assert_eq!(outer["trace_id"], lines[0]["trace_id"]);
+    let spans = lines[1]["spans"].as_array().expect("span list");
+    assert_eq!(spans[0]["request_id"], "r-\"quoted\"\n", "{}", lines[1]);
+    assert_eq!(spans[0]["user_id"], 42);
+    assert_eq!(spans[1]["request_id"], "r-inner");
+    assert_eq!(lines[1]["span"]["request_id"], "r-inner");
+    assert_eq!(lines[1]["trace_id"], lines[0]["trace_id"]);
+}
