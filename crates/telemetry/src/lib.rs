@@ -35,10 +35,12 @@ pub use trace_context::{TRACEPARENT, TRACESTATE, TraceParent};
 /// `RUST_LOG` is unset. Safe to call more than once (tests): later calls do nothing.
 ///
 /// Spans are exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see [`otel`]),
-/// under `OTEL_SERVICE_NAME` or else `service`; call [`shutdown_tracing`] before exiting so
-/// the last batch is sent. Must run inside a Tokio runtime for the export to start.
+/// under `OTEL_SERVICE_NAME` or else `service`, sampled as `OTEL_TRACES_SAMPLER` says; call
+/// [`shutdown_tracing`] before exiting so the last batch is sent. Must run inside a Tokio
+/// runtime for the export to start.
 pub fn init_tracing(service: &str, filter: &str, format: LogFormat) {
-    let provider = match otel::provider_from_env(service) {
+    let sampling = otel::Sampling::from_env();
+    let provider = match otel::provider_from_env(service, &sampling) {
         Ok(provider) => provider,
         Err(e) => {
             // Logged once the subscriber is up; the service runs without export.
@@ -46,7 +48,12 @@ pub fn init_tracing(service: &str, filter: &str, format: LogFormat) {
             None
         }
     };
-    install(service, filter, format, provider);
+    if install(service, filter, format, provider) && otel::exporting() {
+        tracing::info!(sampler = %sampling, "spans exported, sampled");
+        if let Some(warning) = &sampling.warning {
+            tracing::warn!("{warning}");
+        }
+    }
 }
 
 /// Installs the global subscriber with `provider`'s OpenTelemetry layer, if any (a test

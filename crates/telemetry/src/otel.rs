@@ -6,6 +6,11 @@
 //!   received (or new) `traceparent` is recorded on the span (`trace_id`) and sent onwards.
 //! - `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (default) or `grpc`.
 //! - `OTEL_SERVICE_NAME`: the service name, else the service's own.
+//! - `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`: which traces are exported
+//!   ([`Sampling`]): `parentbased_always_on` (default), `always_on`, `always_off`,
+//!   `traceidratio`, `parentbased_always_off`, `parentbased_traceidratio`, the ratio (0 to 1,
+//!   default 1) in the argument. A value not understood is logged as a warning and the
+//!   default (or a ratio of 1) used, as the OpenTelemetry specification says.
 //!
 //! Spans are batched (a Tokio task sends them) and flushed by [`shutdown_tracing`]; a
 //! failed export is counted and logged ([`watched`]). The global propagator is W3C
@@ -25,7 +30,7 @@ use opentelemetry::trace::{
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::trace_context::TraceParent;
@@ -38,9 +43,12 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
-/// The provider the standard variables ask for, `None` when `OTEL_EXPORTER_OTLP_ENDPOINT`
-/// is unset or empty.
-pub fn provider_from_env(service: &str) -> anyhow::Result<Option<SdkTracerProvider>> {
+/// The provider the standard variables ask for, sampled as `sampling` says, `None` when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is unset or empty.
+pub fn provider_from_env(
+    service: &str,
+    sampling: &Sampling,
+) -> anyhow::Result<Option<SdkTracerProvider>> {
     let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
     if endpoint.trim().is_empty() {
         return Ok(None);
@@ -58,16 +66,132 @@ pub fn provider_from_env(service: &str) -> anyhow::Result<Option<SdkTracerProvid
             "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not supported (http/protobuf or grpc)"
         ),
     };
-    Ok(Some(batched(
+    Ok(Some(batched_with(
         watched::Watched::new(exporter, endpoint.trim()),
         service,
+        sampling,
     )?))
 }
 
-/// A provider that batches spans into `exporter` on the current Tokio runtime.
+/// The sampling `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` ask for: what the
+/// exported spans are a sample of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// The sampler's name, as the variable spells it (`parentbased_always_on` when unset).
+    pub name: &'static str,
+    /// The ratio of `traceidratio` and `parentbased_traceidratio`.
+    pub ratio: Option<f64>,
+    /// Why a value was not used, for a warning.
+    pub warning: Option<String>,
+}
+
+/// The samplers of the standard variable, with whether they take a ratio.
+const SAMPLERS: [(&str, bool); 6] = [
+    ("always_on", false),
+    ("always_off", false),
+    ("traceidratio", true),
+    ("parentbased_always_on", false),
+    ("parentbased_always_off", false),
+    ("parentbased_traceidratio", true),
+];
+
+impl Sampling {
+    /// From the process's environment.
+    pub fn from_env() -> Self {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// From the variables `lookup` gives (`None`: unset).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let default = Self {
+            name: "parentbased_always_on",
+            ratio: None,
+            warning: None,
+        };
+        let Some(asked) = lookup("OTEL_TRACES_SAMPLER").filter(|s| !s.trim().is_empty()) else {
+            return default;
+        };
+        let asked = asked.trim().to_ascii_lowercase();
+        let Some(&(name, takes_ratio)) = SAMPLERS.iter().find(|(name, _)| *name == asked) else {
+            return Self {
+                warning: Some(format!(
+                    "OTEL_TRACES_SAMPLER={asked:?} is not one of {}: {} is used",
+                    SAMPLERS.map(|(name, _)| name).join(", "),
+                    default.name
+                )),
+                ..default
+            };
+        };
+        if !takes_ratio {
+            return Self {
+                name,
+                ratio: None,
+                warning: None,
+            };
+        }
+        let arg = lookup("OTEL_TRACES_SAMPLER_ARG").filter(|s| !s.trim().is_empty());
+        let Some(arg) = arg else {
+            return Self {
+                name,
+                ratio: Some(1.0),
+                warning: None,
+            };
+        };
+        match arg.trim().parse::<f64>() {
+            Ok(ratio) if (0.0..=1.0).contains(&ratio) => Self {
+                name,
+                ratio: Some(ratio),
+                warning: None,
+            },
+            _ => Self {
+                name,
+                ratio: Some(1.0),
+                warning: Some(format!(
+                    "OTEL_TRACES_SAMPLER_ARG={arg:?} is not a ratio from 0 to 1: 1 is used"
+                )),
+            },
+        }
+    }
+
+    /// The sampler itself.
+    pub fn sampler(&self) -> Sampler {
+        let ratio = self.ratio.unwrap_or(1.0);
+        match self.name {
+            "always_on" => Sampler::AlwaysOn,
+            "always_off" => Sampler::AlwaysOff,
+            "traceidratio" => Sampler::TraceIdRatioBased(ratio),
+            "parentbased_always_off" => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+            "parentbased_traceidratio" => {
+                Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
+            }
+            _ => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        }
+    }
+}
+
+impl std::fmt::Display for Sampling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.ratio {
+            Some(ratio) => write!(f, "{} {ratio}", self.name),
+            None => f.write_str(self.name),
+        }
+    }
+}
+
+/// A provider that batches spans into `exporter` on the current Tokio runtime, sampled as
+/// the standard variables say ([`Sampling::from_env`]).
 pub fn batched(
     exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
     service: &str,
+) -> anyhow::Result<SdkTracerProvider> {
+    batched_with(exporter, service, &Sampling::from_env())
+}
+
+/// [`batched`] with the sampling given.
+pub fn batched_with(
+    exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
+    service: &str,
+    sampling: &Sampling,
 ) -> anyhow::Result<SdkTracerProvider> {
     tokio::runtime::Handle::try_current().context("the batch exporter runs on a Tokio runtime")?;
     let processor =
@@ -78,6 +202,7 @@ pub fn batched(
         .build();
     Ok(SdkTracerProvider::builder()
         .with_span_processor(processor)
+        .with_sampler(sampling.sampler())
         .with_resource(resource(service))
         .build())
 }
