@@ -23,6 +23,7 @@
 #   scripts/bench-e2e.sh -r 5 -d 10 --keep
 #   scripts/bench-e2e.sh --bin-dir /tmp/new --baseline-bin /tmp/old   # A/B of two builds
 #   scripts/bench-e2e.sh --million                 # memory after 1,000,000 distinct buyers
+#   scripts/bench-e2e.sh --tuned                   # logs at warn, quotas far above the load
 #
 # With --baseline-bin a second stack (its own namespace, the other build's three binaries)
 # runs the three HTTP scenarios too, in the same rounds. With --million there are no rounds:
@@ -30,10 +31,18 @@
 # and each service's RSS is printed before, right after and while idle (--idle-secs, past the
 # gateway's ten-second shrink of its rate-limit tables and hand-back of freed memory).
 #
+# Configuration: by default the services run as scripts/up.sh starts them, every setting at
+# its default (logs at `info`, the request spans on, the default rate limits) but one, also
+# raised by up.sh: the gateway's pre-limit on tokens it has not verified yet
+# (SECKILL_GATEWAY_RATE_UNVERIFIED_PER_SEC/_BURST, 1000/s per address by default), which a
+# load tool minting a new buyer per request from one address would hit at once. --tuned runs
+# what this script ran before 2026-11-29: logs at `warn` (the request spans off) and every
+# rate limit's quota far above the load (bench_gateway_settings in lib.sh).
+#
 # Tokens: seckill-token mints each run's buyers into a file (one token a line) before the
 # run, sized from the warm-up's rate; loadtest/bench/buyers.lua feeds them to wrk. Rate
-# limits stay on with quotas far above the load (their cost is part of the path). Statuses
-# come from the gateway's own http_requests_total (wrk without a response() callback).
+# limits stay on either way (their cost is part of the path). Statuses come from the
+# gateway's own http_requests_total (wrk without a response() callback).
 # Starts nothing it does not stop; removes its namespace (database, keys, queues) at the end.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -59,6 +68,8 @@ usage: scripts/bench-e2e.sh [options]
       --scenarios LIST  comma-separated subset of accepted,soldout,healthz,healthz-static,
                         evalsha (default: all; with --baseline-bin accepted, soldout and
                         healthz also run as base-*)
+      --tuned           logs at warn and every rate-limit quota far above the load, instead
+                        of the defaults scripts/up.sh runs with
       --no-build        use the binaries already built
       --keep            keep the work directory (logs, raw wrk output, token files)
   -h, --help            this text
@@ -77,6 +88,7 @@ buyers=1000000
 idle_secs=75
 build=1
 keep=0
+tuned=0
 only=accepted,soldout,healthz,healthz-static,evalsha
 while (($# > 0)); do
     case $1 in
@@ -91,6 +103,7 @@ while (($# > 0)); do
     --buyers) buyers=${2:?}; shift ;;
     --idle-secs) idle_secs=${2:?}; shift ;;
     --scenarios) only=${2:?}; shift ;;
+    --tuned) tuned=1 ;;
     --no-build) build=0 ;;
     --keep) keep=1 ;;
     -h | --help) usage; exit 0 ;;
@@ -187,17 +200,22 @@ start_stack() { # start_stack NAME DIR
         SECKILL_NAMESPACE="$ns"
         SECKILL_HOST=127.0.0.1
         SECKILL_LOG_FORMAT=json
-        SECKILL_LOG_FILTER=warn
         SECKILL_API_PORT="${API[$name]}"
         SECKILL_ORDER_PORT="${ORD[$name]}"
     )
+    if ((tuned)); then
+        common+=(SECKILL_LOG_FILTER=warn)
+    fi
     local log="$WORK/$name"
     start_service "$name" seckill-api "$log-seckill-api.log" "${common[@]}"
     PID_API[$name]=$STARTED
     start_service "$name" order-service "$log-order-service.log" "${common[@]}"
     PID_ORD[$name]=$STARTED
-    local gateway_settings
-    mapfile -t gateway_settings < <(bench_gateway_settings "$connections")
+    local gateway_settings=(SECKILL_GATEWAY_RATE_UNVERIFIED_PER_SEC=100000
+        SECKILL_GATEWAY_RATE_UNVERIFIED_BURST=100000)
+    if ((tuned)); then
+        mapfile -t gateway_settings < <(bench_gateway_settings "$connections")
+    fi
     start_service "$name" gateway "$log-gateway.log" "${common[@]}" \
         SECKILL_GATEWAY_HOST=127.0.0.1 \
         SECKILL_GATEWAY_PORT="${GW_PORT[$name]}" \
@@ -594,6 +612,11 @@ ratios() { # ratios A B: A/B throughput by round, then the median
 echo
 echo "## bench-e2e: wrk -t$threads -c$connections -d${duration}s, $rounds round(s), $(nproc) CPUs, load average before $LOAD_BEFORE"
 echo
+if ((tuned)); then
+    echo "Configuration: tuned (logs at warn, every rate-limit quota far above the load)."
+else
+    echo "Configuration: the defaults scripts/up.sh runs with (logs at info, default rate limits)."
+fi
 echo "Binaries: $bin_dir${baseline_dir:+ (base-*: $baseline_dir)}. CPU columns: CPU time per request (µs) of each process over the"
 echo "run (accepted: until order-service wrote every order, 'drain' s after the run); redis-server and RabbitMQ are shared, so"
 echo "they include whatever else used them; pg = the Postgres backends of the stack's database; other = % of the machine used by"
