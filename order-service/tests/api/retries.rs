@@ -73,6 +73,40 @@ async fn a_lock_released_within_the_retries_ends_in_exactly_one_order() {
     app.shutdown().await;
 }
 
+/// A batch that fails for a moment is retried purchase by purchase: each part goes to the
+/// retry tier as the single-order message it stands for (its own signature intact), and
+/// each comes back as its order once the lock is gone.
+#[tokio::test]
+async fn a_batch_locked_out_is_retried_part_by_part_and_ends_in_one_order_each() {
+    let mut app = spawn_app_with(TestNamespace::new(), |s| {
+        quick_retries(s);
+        s.retry_tiers = vec![Duration::from_millis(300); 2];
+        s.max_attempts = 10;
+    })
+    .await;
+    let product = app.product(5).await;
+    let lock = lock_product(&app.db, product).await;
+    let parts: Vec<_> = (1..=3)
+        .map(|user| (app.message(product, user), None))
+        .collect();
+    app.publish_batch_to(None, &parts, &[]).await;
+    let tier = app.ns.topology().retry_queue(300);
+    eventually("three retries", Duration::from_secs(10), || async {
+        (app.ns.queue_depth(&app.channel, &tier).await == 3).then_some(())
+    })
+    .await;
+    drop(lock);
+    eventually("three orders", Duration::from_secs(10), || async {
+        (app.order_count(product).await == 3).then_some(())
+    })
+    .await;
+    app.stop_when_drained().await;
+    assert_eq!(app.order_count(product).await, 3);
+    assert_eq!(app.stock_remaining(product).await, 2);
+    assert_eq!(app.dead_letters().await, 0);
+    app.shutdown().await;
+}
+
 /// Waits until the purchase locked out of `product` has gone to the `tier_ms` retry tier
 /// (within `within`), then releases the `lock`: it must end in exactly one order, no dead
 /// letter.
