@@ -54,7 +54,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::batch::Outgoing;
+use seckill_messaging::batch::{self, Outgoing, Purchase};
 use seckill_messaging::{
     ConfirmedPublisher, Health, NotTaken, OrderSigner, Supervised, Supervisor, Topology,
     TraceHeaders,
@@ -109,31 +109,14 @@ struct Inner {
 
 /// One message to publish, and where to say how it went.
 struct Job {
-    request_id: String,
+    purchase: Purchase,
     product_id: i64,
-    http_request_id: String,
-    payload: Vec<u8>,
-    traceparent: String,
-    tracestate: String,
     /// When its handler stops waiting.
     deadline: Instant,
     done: oneshot::Sender<Result<(), PublishError>>,
 }
 
 impl Job {
-    /// The purchase as a message part.
-    fn outgoing(&self) -> Outgoing<'_> {
-        Outgoing {
-            request_id: &self.request_id,
-            http_request_id: &self.http_request_id,
-            payload: &self.payload,
-            trace: TraceHeaders {
-                traceparent: &self.traceparent,
-                tracestate: &self.tracestate,
-            },
-        }
-    }
-
     /// Whether its handler has stopped waiting for it (or will have by the time a confirm
     /// could come): its purchase is the relay's, from the outbox.
     fn withdrawn(&self, now: Instant) -> bool {
@@ -247,12 +230,14 @@ impl OrderPublisher {
         let deadline = Instant::now() + self.inner.timeout;
         let (done, answer) = oneshot::channel();
         let job = Job {
-            request_id: request_id.to_string(),
+            purchase: Purchase {
+                request_id: request_id.to_string(),
+                http_request_id: http_request_id.to_string(),
+                payload: payload.to_vec(),
+                traceparent: trace.traceparent.to_string(),
+                tracestate: trace.tracestate.to_string(),
+            },
             product_id,
-            http_request_id: http_request_id.to_string(),
-            payload: payload.to_vec(),
-            traceparent: trace.traceparent.to_string(),
-            tracestate: trace.tracestate.to_string(),
             deadline,
             done,
         };
@@ -354,19 +339,14 @@ impl OrderPublisher {
     ) -> Result<(), PublishError> {
         let started = Instant::now();
         let publish_all = async {
-            let outgoing: Vec<Outgoing<'_>> = batch.iter().map(Job::outgoing).collect();
-            let (grouped, alone): (Vec<Outgoing<'_>>, Vec<Outgoing<'_>>) = outgoing
-                .into_iter()
-                .partition(|order| seckill_messaging::batch::embeddable(order.payload));
-            let messages = grouped
-                .chunks(self.inner.batch_max)
-                .chain(alone.chunks(1))
-                .collect::<Vec<_>>();
+            let messages = batch::group(batch, self.inner.batch_max, |job| &job.purchase);
             let mut confirms = Vec::with_capacity(messages.len());
-            for orders in messages {
-                metrics::histogram!(crate::metrics::ORDERS_PER_MESSAGE).record(orders.len() as f64);
+            for jobs in messages {
+                metrics::histogram!(crate::metrics::ORDERS_PER_MESSAGE).record(jobs.len() as f64);
+                let orders: Vec<Outgoing<'_>> =
+                    jobs.iter().map(|job| job.purchase.outgoing()).collect();
                 let confirm = publisher
-                    .send_orders(&self.inner.signer, &self.inner.topology, orders)
+                    .send_orders(&self.inner.signer, &self.inner.topology, &orders)
                     .await?;
                 confirms.push(confirm);
             }
@@ -421,7 +401,7 @@ impl OrderPublisher {
         let purchases: Vec<(uuid::Uuid, i64)> = batch
             .iter()
             .filter_map(|job| {
-                let request_id = uuid::Uuid::parse_str(&job.request_id).ok()?;
+                let request_id = uuid::Uuid::parse_str(&job.purchase.request_id).ok()?;
                 Some((request_id, job.product_id))
             })
             .collect();

@@ -67,6 +67,50 @@ pub struct Outgoing<'a> {
     pub trace: TraceHeaders<'a>,
 }
 
+/// One purchase to publish, owned: what a publishing worker or the relay holds until the
+/// purchase's confirm.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Purchase {
+    /// See [`Outgoing::request_id`].
+    pub request_id: String,
+    /// See [`Outgoing::http_request_id`].
+    pub http_request_id: String,
+    /// See [`Outgoing::payload`].
+    pub payload: Vec<u8>,
+    /// The `traceparent` of its trace, or empty.
+    pub traceparent: String,
+    /// The `tracestate` that goes with it, or empty.
+    pub tracestate: String,
+}
+
+impl Purchase {
+    /// It as a message part.
+    pub fn outgoing(&self) -> Outgoing<'_> {
+        Outgoing {
+            request_id: &self.request_id,
+            http_request_id: &self.http_request_id,
+            payload: &self.payload,
+            trace: TraceHeaders {
+                traceparent: &self.traceparent,
+                tracestate: &self.tracestate,
+            },
+        }
+    }
+}
+
+/// Groups purchases into messages, in order: those [`embeddable`] share messages of up to
+/// `max` (at least 1), any other goes alone.
+pub fn group<T>(items: &[T], max: usize, purchase: impl Fn(&T) -> &Purchase) -> Vec<Vec<&T>> {
+    let (grouped, alone): (Vec<&T>, Vec<&T>) = items
+        .iter()
+        .partition(|item| embeddable(&purchase(item).payload));
+    grouped
+        .chunks(max.max(1))
+        .chain(alone.chunks(1))
+        .map(<[&T]>::to_vec)
+        .collect()
+}
+
 /// Whether `payload` is one JSON value with nothing around it, so that it stands inside a
 /// batch's body as it is and comes out of it byte for byte (its signature is of those bytes).
 pub fn embeddable(payload: &[u8]) -> bool {

@@ -32,12 +32,13 @@ async fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
 fn job(request_id: &str) -> (Job, oneshot::Receiver<Result<(), PublishError>>) {
     let (done, answer) = oneshot::channel();
     let job = Job {
-        request_id: request_id.to_string(),
+        purchase: seckill_messaging::batch::Purchase {
+            request_id: request_id.to_string(),
+            http_request_id: format!("http-{request_id}"),
+            payload: format!(r#"{{"request_id":"{request_id}"}}"#).into_bytes(),
+            ..Default::default()
+        },
         product_id: 1,
-        http_request_id: format!("http-{request_id}"),
-        payload: format!(r#"{{"request_id":"{request_id}"}}"#).into_bytes(),
-        traceparent: String::new(),
-        tracestate: String::new(),
         deadline: Instant::now() + Duration::from_secs(60),
         done,
     };
@@ -175,12 +176,12 @@ async fn purchases_waiting_together_go_out_as_batch_messages_of_at_most_the_maxi
     let mut sent = Vec::new();
     for n in 0..130 {
         let (queued_job, answer) = job(&format!("p{n:03}"));
-        sent.push(queued_job.request_id.clone());
+        sent.push(queued_job.purchase.request_id.clone());
         jobs.send(queued_job).await.expect("queue");
         answers.push(answer);
     }
     let (mut odd, odd_answer) = job("odd");
-    odd.payload = b"not json".to_vec();
+    odd.purchase.payload = b"not json".to_vec();
     jobs.send(odd).await.expect("queue");
     answers.push(odd_answer);
     let worker = tokio::spawn(publisher(&ns, Duration::from_secs(10)).await.work(

@@ -43,10 +43,10 @@ use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use seckill_messaging::batch::Outgoing;
+use seckill_messaging::batch::{self, Outgoing, Purchase};
 use seckill_messaging::{
     ConfirmedPublisher, Health, NotTaken, OrderSigner, PublishError, Supervised, Supervisor,
-    Topology, TraceHeaders,
+    Topology,
 };
 use seckill_store::RedisKeys;
 use seckill_telemetry::TraceParent;
@@ -412,13 +412,10 @@ impl Relay {
             .flat_map(|(index, (_, entries))| entries.iter().map(move |e| (index, e)))
             .map(|(index, entry)| (index, Prepared::from_entry(entry)))
             .collect();
-        // Entries that can share a message do, up to `batch_max` each; any other goes alone.
-        let (grouped, alone): (Vec<_>, Vec<_>) = prepared
-            .iter()
-            .partition(|(_, p)| seckill_messaging::batch::embeddable(&p.payload));
         let mut pending = Vec::new();
-        for message in grouped.chunks(self.batch_max.max(1)).chain(alone.chunks(1)) {
-            let orders: Vec<Outgoing<'_>> = message.iter().map(|(_, p)| p.outgoing()).collect();
+        for message in batch::group(&prepared, self.batch_max, |(_, p)| &p.purchase) {
+            let orders: Vec<Outgoing<'_>> =
+                message.iter().map(|(_, p)| p.purchase.outgoing()).collect();
             metrics::histogram!(names::ORDERS_PER_MESSAGE).record(orders.len() as f64);
             let confirm = publisher
                 .send_orders(&self.signer, &self.topology, &orders)
@@ -492,11 +489,7 @@ impl Relay {
 /// headers name.
 struct Prepared {
     entry_id: String,
-    request_id: String,
-    http_request_id: String,
-    payload: Vec<u8>,
-    traceparent: String,
-    tracestate: String,
+    purchase: Purchase,
     /// Open until the round's confirms came.
     _span: tracing::Span,
 }
@@ -526,24 +519,14 @@ impl Prepared {
         };
         Self {
             entry_id: entry.id.clone(),
-            request_id,
-            http_request_id,
-            payload,
-            traceparent,
-            tracestate,
-            _span: span,
-        }
-    }
-
-    fn outgoing(&self) -> Outgoing<'_> {
-        Outgoing {
-            request_id: &self.request_id,
-            http_request_id: &self.http_request_id,
-            payload: &self.payload,
-            trace: TraceHeaders {
-                traceparent: &self.traceparent,
-                tracestate: &self.tracestate,
+            purchase: Purchase {
+                request_id,
+                http_request_id,
+                payload,
+                traceparent,
+                tracestate,
             },
+            _span: span,
         }
     }
 }
