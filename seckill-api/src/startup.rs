@@ -20,7 +20,7 @@ use crate::Settings;
 use crate::bloom::{BloomSizing, ProductBloom};
 use crate::catalog::Catalog;
 use crate::catalog_sync::CatalogSync;
-use crate::http::AppState;
+use crate::http::{AppState, Shared};
 use crate::idempotency::Idempotency;
 use crate::null_cache::NullCache;
 use crate::publisher::OrderPublisher;
@@ -94,7 +94,7 @@ impl Application {
         });
 
         let sold_out = SoldOutMemory::new(settings.sold_out_local_ttl);
-        let state = AppState {
+        let state = AppState::new(Shared {
             catalog: Catalog::new(
                 db.clone(),
                 Arc::new(ProductBloom::new(BloomSizing {
@@ -134,7 +134,7 @@ impl Application {
             relay_hints: relay_hints.clone(),
             publisher: publisher.clone(),
             default_buckets: settings.stock_buckets,
-        };
+        });
         // Fills the bloom filter before the port is bound: an empty one would answer 404 to
         // every product.
         let catalog_sync = CatalogSync::start(

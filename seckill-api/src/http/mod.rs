@@ -27,9 +27,29 @@ use crate::relay::RelayHints;
 use crate::sold_out::SoldOutMemory;
 use crate::stock::StockEngine;
 
-/// Handles shared by all handlers.
+/// What every handler shares, behind one `Arc`: axum clones the state for each request, so
+/// it is one reference count, whatever the handles inside own.
 #[derive(Clone, Debug)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    /// The state of `shared`.
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// Handles shared by all handlers.
+#[derive(Debug)]
+pub struct Shared {
     /// Products (Postgres + L1 cache).
     pub catalog: Catalog,
     /// Redis stock and purchase decisions.

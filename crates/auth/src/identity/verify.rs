@@ -47,8 +47,9 @@ const SEEN_CAPACITY: usize = 1 << 20;
 #[derive(Clone)]
 pub struct IdentityVerifier {
     keyed: Hmac<Sha256>,
-    /// This service's name, as the gateway signs it.
-    service: String,
+    /// This service's name, as the gateway signs it (shared: the middleware clones the
+    /// verifier for every request).
+    service: Arc<str>,
     /// How far a credential's time may be from now, either way, in milliseconds.
     window_ms: i64,
     /// Signatures already accepted, for twice the window.
@@ -74,7 +75,7 @@ impl IdentityVerifier {
     pub fn new(key: &str, service: &str, window: Duration) -> Self {
         Self {
             keyed: keyed(key),
-            service: service.to_string(),
+            service: Arc::from(service),
             window_ms: i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
             seen: Arc::new(Seen::new(window.saturating_mul(2), SEEN_CAPACITY)),
         }
