@@ -4,8 +4,8 @@
 //! The purchase script still records the order intent in the bucket's outbox stream in the
 //! same atomic step that takes the unit (a crash right after it loses nothing). Then the
 //! handler publishes the intent itself with a publisher confirm, bounded by
-//! `publish_timeout_ms`, and only once the broker confirmed it answers `202` and deletes the
-//! outbox entry. If the broker is unreachable, slow or refuses the message, the handler
+//! `publish_timeout_ms`, and only once the broker confirmed it (and the outbox entry is
+//! deleted) answers `202`. If the broker is unreachable, slow or refuses the message, the handler
 //! answers `202` anyway and leaves the entry to the relay (`crate::relay`), which publishes
 //! whatever the handlers left behind once it is older than the relay's grace: then, and only
 //! then, the `202`'s durability is Redis' own (`SECKILL_API_REQUIRE_DURABLE_REDIS` checks
@@ -16,7 +16,8 @@
 //! waiting up to `publish_linger_us` for more, 0 by default), publishes them as batch
 //! messages of up to `publish_batch_max` purchases each (`seckill_messaging::batch`: every
 //! purchase signed on its own, so order-service can still retry or dead-letter each alone),
-//! waits for all their confirms, and only then answers each handler. Purchases that arrive
+//! waits for all their confirms, deletes their outbox entries in one round trip, and only
+//! then answers each handler. Purchases that arrive
 //! while a batch waits for its confirms form the next batch: the busier the path, the more
 //! one message, one fsync share, one confirm, one delivery and one ack carry. lapin attaches
 //! a `mandatory` message the broker returned to whichever confirm it resolves next, so which
@@ -43,6 +44,7 @@
 //! transit (`seckill_store::transit`) before it goes on: the ledger fence
 //! (`crate::stock::fence`) then waits for those purchases to land.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -91,6 +93,8 @@ struct Inner {
     signer: OrderSigner,
     /// Where unconfirmed publishes are noted in transit.
     db: PgPool,
+    /// Where the outbox entries of confirmed purchases are deleted.
+    redis: seckill_store::Redis,
     /// Longest a request waits for its confirm.
     timeout: Duration,
     /// Workers (and channels) per connection.
@@ -107,10 +111,21 @@ struct Inner {
     connected: Arc<AtomicBool>,
 }
 
+/// An accepted purchase's outbox entry, deleted once the broker confirmed its message.
+#[derive(Debug, Clone)]
+pub struct OutboxEntry {
+    /// The bucket's outbox stream.
+    pub stream: String,
+    /// The entry's id in it.
+    pub entry_id: String,
+}
+
 /// One message to publish, and where to say how it went.
 struct Job {
     purchase: Purchase,
     product_id: i64,
+    /// Deleted by the worker once the purchase's message is confirmed.
+    entry: OutboxEntry,
     /// When its handler stops waiting.
     deadline: Instant,
     done: oneshot::Sender<Result<(), PublishError>>,
@@ -185,6 +200,7 @@ impl OrderPublisher {
         topology: Topology,
         signer: OrderSigner,
         db: PgPool,
+        redis: seckill_store::Redis,
         options: PublishOptions,
         connected: Arc<AtomicBool>,
     ) -> Self {
@@ -194,6 +210,7 @@ impl OrderPublisher {
                 topology,
                 signer,
                 db,
+                redis,
                 timeout: options.timeout,
                 channels: options.channels.max(1),
                 batch_max: options.batch_max.max(1),
@@ -206,7 +223,8 @@ impl OrderPublisher {
     }
 
     /// Publishes one order message (purchase `request_id` of `product_id`), with the trace
-    /// context `trace` in its headers, and waits for the broker's confirm (bounded).
+    /// context `trace` in its headers, and waits for the broker's confirm (bounded). Once
+    /// confirmed, its outbox `entry` is deleted (with its batch's, before the answer).
     pub async fn publish(
         &self,
         request_id: &str,
@@ -214,6 +232,7 @@ impl OrderPublisher {
         http_request_id: &str,
         payload: &[u8],
         trace: TraceHeaders<'_>,
+        entry: OutboxEntry,
     ) -> Result<(), PublishError> {
         let worker = {
             let workers = self
@@ -238,6 +257,7 @@ impl OrderPublisher {
                 tracestate: trace.tracestate.to_string(),
             },
             product_id,
+            entry,
             deadline,
             done,
         };
@@ -306,6 +326,9 @@ impl OrderPublisher {
             }
             let outcome = self.publish_batch(&publisher, &taken).await;
             metrics::histogram!("seckill_publish_batch_size").record(taken.len() as f64);
+            if outcome.is_ok() {
+                self.forget(&taken).await;
+            }
             for job in taken {
                 let _ = job.done.send(outcome.clone());
             }
@@ -392,6 +415,36 @@ impl OrderPublisher {
                     .await
                     .unwrap_or(Err(PublishError::TimedOut))
             }
+        }
+    }
+
+    /// Deletes the outbox entries of a confirmed batch, all in one round trip (on a single
+    /// server): the relay need not publish them again. An entry left behind (Redis busy or
+    /// gone) is published once more later, which order-service absorbs.
+    async fn forget(&self, batch: &[Job]) {
+        seckill_http::failpoint!("purchase::after_publish", ());
+        let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for job in batch {
+            by_stream
+                .entry(job.entry.stream.as_str())
+                .or_default()
+                .push(job.entry.entry_id.as_str());
+        }
+        let streams: Vec<(&str, Vec<&str>)> = by_stream.into_iter().collect();
+        let forgotten = match self.inner.redis.get().await {
+            Ok(mut conn) => {
+                crate::relay::ack_and_delete_streams(
+                    &mut conn,
+                    &streams,
+                    self.inner.redis.is_cluster(),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = forgotten {
+            tracing::warn!(error = %e, count = batch.len(),
+                "could not delete published outbox entries; the relay publishes them again");
         }
     }
 

@@ -83,6 +83,7 @@ impl Application {
                 topology.clone(),
                 signer.clone(),
                 db.clone(),
+                redis.clone(),
                 crate::publisher::PublishOptions {
                     timeout: settings.publish_timeout,
                     channels: settings.publish_channels,

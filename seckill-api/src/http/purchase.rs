@@ -19,7 +19,7 @@ use crate::error::{ApiError, SoldOutFlag};
 #[cfg(feature = "failpoints")]
 use crate::failpoints::redis_lost;
 use crate::idempotency::{Claim, Idempotency, Ticket};
-use crate::relay;
+use crate::publisher::OutboxEntry;
 use crate::stock::{Decision, Holding, Intent, PurchaseRequest};
 
 /// The client's idempotency key header.
@@ -254,6 +254,10 @@ async fn deliver(
                 traceparent: traceparent.as_ref().map_or("", |h| h.as_str()),
                 tracestate: carried.as_ref().map_or("", |c| c.tracestate.as_str()),
             };
+            let entry = OutboxEntry {
+                stream: stream.clone(),
+                entry_id: intent.entry_id,
+            };
             let published = publisher
                 .publish(
                     &request_id.to_string(),
@@ -261,24 +265,13 @@ async fn deliver(
                     http_request_id,
                     intent.payload.as_bytes(),
                     trace,
+                    entry,
                 )
                 .instrument(span)
                 .await;
             match published {
-                Ok(()) => {
-                    seckill_http::failpoint!("purchase::after_publish", ());
-                    let forgotten = match state.redis.get().await {
-                        Ok(mut conn) => {
-                            relay::ack_and_delete(&mut conn, &stream, &[&intent.entry_id]).await
-                        }
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = forgotten {
-                        // The relay publishes it once more later; order-service absorbs it.
-                        tracing::warn!(error = %e, "could not delete a published outbox entry");
-                    }
-                    "broker"
-                }
+                // Confirmed, and its outbox entry deleted with its batch's.
+                Ok(()) => "broker",
                 Err(e) => {
                     tracing::warn!(error = %e, %request_id, "publish failed; the relay takes over");
                     metrics::counter!(crate::metrics::OUTBOX_CONFIRM_FAILURES,

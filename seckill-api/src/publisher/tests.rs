@@ -18,6 +18,7 @@ async fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
         seckill_store::postgres::connect_and_migrate(&ns.database_url, 2, Duration::from_secs(10))
             .await
             .expect("migrated database"),
+        seckill_store::Redis::new(&ns.redis_url, ns.redis_cluster, 1).expect("redis handle"),
         PublishOptions {
             timeout,
             channels: 1,
@@ -28,7 +29,8 @@ async fn publisher(ns: &TestNamespace, timeout: Duration) -> OrderPublisher {
     )
 }
 
-/// A job as a handler queues it, and the handler's end of its answer.
+/// A job as a handler queues it, and the handler's end of its answer. Its outbox entry is
+/// in no stream (deleting it deletes nothing) unless the test writes one.
 fn job(request_id: &str) -> (Job, oneshot::Receiver<Result<(), PublishError>>) {
     let (done, answer) = oneshot::channel();
     let job = Job {
@@ -39,6 +41,10 @@ fn job(request_id: &str) -> (Job, oneshot::Receiver<Result<(), PublishError>>) {
             ..Default::default()
         },
         product_id: 1,
+        entry: OutboxEntry {
+            stream: "publisher-test:no-such-stream".to_string(),
+            entry_id: "0-1".to_string(),
+        },
         deadline: Instant::now() + Duration::from_secs(60),
         done,
     };
@@ -171,11 +177,27 @@ async fn purchases_waiting_together_go_out_as_batch_messages_of_at_most_the_maxi
         .expect("confirm channel");
     let (jobs, queued) = mpsc::channel(256);
     // 130 purchases waiting at once: two full messages of 64 and one of 2. A payload that
-    // is no JSON value cannot stand inside a batch's body and goes alone.
+    // is no JSON value cannot stand inside a batch's body and goes alone. Each has its
+    // outbox entry in one of three buckets' streams.
     let mut answers = Vec::new();
     let mut sent = Vec::new();
+    let mut redis = ns.redis().await;
+    let streams: Vec<String> = (0..3).map(|bucket| ns.keys().outbox(1, bucket)).collect();
     for n in 0..130 {
-        let (queued_job, answer) = job(&format!("p{n:03}"));
+        let (mut queued_job, answer) = job(&format!("p{n:03}"));
+        let stream = &streams[n % streams.len()];
+        let entry_id: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("request_id")
+            .arg(&queued_job.purchase.request_id)
+            .query_async(&mut redis)
+            .await
+            .expect("XADD");
+        queued_job.entry = OutboxEntry {
+            stream: stream.clone(),
+            entry_id,
+        };
         sent.push(queued_job.purchase.request_id.clone());
         jobs.send(queued_job).await.expect("queue");
         answers.push(answer);
@@ -219,6 +241,15 @@ async fn purchases_waiting_together_go_out_as_batch_messages_of_at_most_the_maxi
     }
     assert_eq!(sizes, [64, 64, 2, 1]);
     assert_eq!(published, sent, "every purchase once, in order");
+    // Confirmed before each answer, so deleted before it too: the relay has nothing left.
+    for stream in &streams {
+        let left: u64 = redis::cmd("XLEN")
+            .arg(stream)
+            .query_async(&mut redis)
+            .await
+            .expect("XLEN");
+        assert_eq!(left, 0, "{stream} still holds published entries");
+    }
     drop(jobs);
     worker.await.expect("worker");
     let _ = connection.close(200, "test done".into()).await;

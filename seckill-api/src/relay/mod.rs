@@ -106,6 +106,32 @@ pub async fn ack_and_delete<C: ConnectionLike + Send>(
         .await
 }
 
+/// [`ack_and_delete`] for entries of several streams: in one pipeline (one round trip) on a
+/// single server; stream by stream on a cluster, whose pipelines must stay in one slot. Not
+/// atomic across streams, nor needs to be: an entry left behind is published once more.
+pub async fn ack_and_delete_streams<C, I>(
+    conn: &mut C,
+    entries: &[(&str, Vec<I>)],
+    cluster: bool,
+) -> redis::RedisResult<()>
+where
+    C: ConnectionLike + Send,
+    I: redis::ToRedisArgs,
+{
+    if cluster {
+        for (stream, ids) in entries {
+            ack_and_delete(conn, stream, ids).await?;
+        }
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for (stream, ids) in entries {
+        pipe.cmd("XACK").arg(*stream).arg(GROUP).arg(ids).ignore();
+        pipe.cmd("XDEL").arg(*stream).arg(ids).ignore();
+    }
+    pipe.query_async(conn).await
+}
+
 /// Tells the relay which streams have new entries; shared by the handlers and the relay.
 #[derive(Debug, Default)]
 pub struct RelayHints {
@@ -471,14 +497,14 @@ impl Relay {
             );
         }
         seckill_http::failpoint!("relay::after_publish", Err(redis_lost()));
-        let mut moved = 0;
-        for ((stream, _), ids) in round.iter().zip(confirmed) {
-            if ids.is_empty() {
-                continue;
-            }
-            ack_and_delete(conn, stream, &ids).await?;
-            moved += ids.len();
-        }
+        let done: Vec<(&str, Vec<_>)> = round
+            .iter()
+            .zip(confirmed)
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|((stream, _), ids)| (stream.as_str(), ids))
+            .collect();
+        let moved = done.iter().map(|(_, ids)| ids.len()).sum::<usize>();
+        ack_and_delete_streams(conn, &done, self.redis.is_cluster()).await?;
         seckill_http::failpoint!("relay::after_delete", Err(redis_lost()));
         metrics::counter!(names::OUTBOX_CONFIRMED).increment(moved as u64);
         Ok(moved)
