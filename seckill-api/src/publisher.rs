@@ -537,7 +537,12 @@ impl Supervised for OrderPublisher {
             tasks.push(tokio::spawn(self.clone().work(publisher, rx, lost.clone())));
         }
         self.set(senders);
-        while connection.status().connected() && !lost.is_cancelled() {
+        // A worker ends only with its channel (`lost`), or by a panic: then its handlers got
+        // no answer, and no purchase would reach it any more; reconnect.
+        while connection.status().connected()
+            && !lost.is_cancelled()
+            && !tasks.iter().any(tokio::task::JoinHandle::is_finished)
+        {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = lost.cancelled() => break,
@@ -547,7 +552,9 @@ impl Supervised for OrderPublisher {
         self.set(Vec::new());
         lost.cancel();
         for task in tasks {
-            let _ = task.await;
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "a publishing worker died; its purchases are the relay's");
+            }
         }
         let _ = connection.close(200, "publisher stopping".into()).await;
         if cancel.is_cancelled() {

@@ -82,6 +82,40 @@ async fn purchase_after_publish_panic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publishing_worker_that_died_is_replaced() {
+    let scenario = FailScenario::setup();
+    let mut system = System::start().await;
+    let product = system.product(40, 1).await;
+    fail::cfg("purchase::after_publish", "1*panic").expect("arm");
+    assert_eq!(system.buy(product, 1).await.status, 202);
+    // Its purchases rest on the outbox; the publisher must notice the dead worker and start
+    // another, or every later purchase would too.
+    let confirmed = format!("{}{{durable_in=\"broker\"}}", "seckill_accepted_total");
+    let before = system.metric(&confirmed).await;
+    let deadline = Instant::now() + RECOVERY;
+    let mut user = 2;
+    while system.metric(&confirmed).await <= before {
+        assert!(
+            Instant::now() < deadline,
+            "no purchase confirmed by a new worker"
+        );
+        let status = system.buy(product, user).await.status;
+        assert_eq!(
+            status, 202,
+            "user {user}: no new worker before the stock ran out"
+        );
+        user += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for buyer in 1..user {
+        system.wait_order(product, buyer).await;
+    }
+    system.check(product, 40).await;
+    system.shutdown().await;
+    scenario.teardown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn purchase_after_deliver_panic() {
     purchase_fails_at("purchase::after_deliver", "panic", 500).await;
 }
