@@ -23,6 +23,8 @@
 #               sell-out   first purchase sent -> the 20,000th 202 answered, on the clock of
 #                          wrk's Lua (each purchase's send and answer time is recorded; the
 #                          gateway echoes the X-Request-Id the script sends, which pairs them)
+#               window     from the last accepted purchase sent to its 202: the last unit
+#                          went within it (sell-out is its end, an upper bound)
 #               accepted/s 20,000 / sell-out
 #               p50/p99    of every answer received until then, whatever its status
 #               false 410  410 (sold out) answers received before the last accepted
@@ -468,23 +470,25 @@ record_sale() {
         -v false410="${v[false_410]}" -v early="${v[early_410]}" -v acc="${v[accepted]}" \
         -v gone="${v[gone]}" -v other="${v[other]}" -v orders="${v[orders]}" -v distinct="${v[buyers]}" \
         -v left="${v[redis_remaining]}" -v flag="${v[sold_out_flag]}" -v verdict="$verdict" -v note="$note" \
+        -v sold="${v[sold_out_us]}" -v last_sent="${v[last_sold_sent_us]}" \
         'BEGIN {
             s = sellout < 0 ? "-" : sprintf("%.3f", sellout / 1e6)
             rate = sellout > 0 ? sprintf("%.0f", stock * 1e6 / sellout) : "-"
+            window = sold < 0 || last_sent < 0 ? "-" : sprintf("%.0f", (sold - last_sent) / 1000)
             print round, scenario, product, stock, buyers, s, rate, sprintf("%.3f", p50 / 1000),
                 sprintf("%.3f", p99 / 1000), answers, false410, early, acc, gone, other, orders,
-                distinct, left, flag, verdict, note
+                distinct, left, flag, verdict, note, window
         }' >>"$SALES"
     tail -n 1 "$SALES" | awk -F'\t' '{ printf "    %-6s %-13s sold out in %s s (%s accepted/s), p50 %s ms  p99 %s ms until then; false 410: %s; %s\n", $1, $2, $6, $7, $8, $9, $11, $20 }' >&2
     if [ "$verdict" != ok ]; then
-        echo "FAIL: round $round $scenario: $verdict" >&2
+        echo "FAIL: round $round $scenario: ${verdict#FAIL: }" >&2
     fi
     [ "$note" = - ] || say "round $round $scenario: $note"
 }
 
 RESULTS="$WORK/results.tsv"
 SALES="$WORK/sales.tsv"
-printf 'round\tscenario\tproduct\tstock\tbuyers\tsellout_s\taccepted_per_s\tp50_ms\tp99_ms\tanswers\tfalse_410\tearly_410\taccepted\tgone\tother\torders\tdistinct_buyers\tleft\tflag\tverdict\tnote\n' >"$SALES"
+printf 'round\tscenario\tproduct\tstock\tbuyers\tsellout_s\taccepted_per_s\tp50_ms\tp99_ms\tanswers\tfalse_410\tearly_410\taccepted\tgone\tother\torders\tdistinct_buyers\tleft\tflag\tverdict\tnote\twindow_ms\n' >"$SALES"
 printf 'round\tscenario\trps\tp50_ms\tp99_ms\trequests\tstatuses\terrors\treused\tgateway_us\tapi_us\torders_us\tredis_us\tbeam_us\tpg_us\twrk_us\tother_pct\tdrain_s\n' >"$RESULTS"
 
 # The minimal deduct script of the evalsha scenario: KEYS[1] stock (a counter), KEYS[2] the
@@ -859,25 +863,27 @@ if (($(wc -l <"$SALES") > 1)); then
     sale_spread() { sale_column "$1" "$2" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
     echo "Contended sale: each round a new product of $sale_stock units, $sale_buyers distinct buyers, each once, as fast as"
     echo "wrk -t$threads -c$connections sends. Sell-out: first purchase sent to the ${sale_stock}th 202 answered (wrk's Lua clock);"
-    echo "accepted/s = units / sell-out; p50/p99 of every answer received until then (any status); false 410 = 410s answered"
-    echo "before the last accepted purchase was sent (units certainly remained: must be 0); 410 < last 202 = 410s answered"
-    echo "before the last 202 (the false ones and those that overtook it); orders (distinct buyers) once order-service drained;"
-    echo "left and flag from GET /admin/products/{id}/stock at the end."
+    echo "window = from the last accepted purchase sent to the last 202 answered: the last unit went in those ms before"
+    echo "sell-out. accepted/s = units / sell-out; p50/p99 of every answer received until then (any status); false 410 = 410s"
+    echo "answered before the last accepted purchase was sent (units certainly remained: must be 0); 410 < last 202 = 410s"
+    echo "answered before the last 202 (the false ones and those that overtook it); orders (distinct buyers) once"
+    echo "order-service drained; left and flag from GET /admin/products/{id}/stock at the end."
     echo
-    echo '| round | scenario | sell-out s | accepted/s | p50 ms | p99 ms | answers | false 410 | 410 < last 202 | 202 | 410 | other | orders (buyers) | left | flag | verdict |'
-    echo '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|'
+    echo '| round | scenario | sell-out s | window ms | accepted/s | p50 ms | p99 ms | answers | false 410 | 410 < last 202 | 202 | 410 | other | orders (buyers) | left | flag | verdict |'
+    echo '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|'
     awk -F'\t' 'NR > 1 {
-        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s | %s | %s |\n",
-            $1, $2, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 }' "$SALES"
+        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s | %s | %s |\n",
+            $1, $2, $6, $22, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 }' "$SALES"
     echo
     echo "Medians over the rounds (spread min–max):"
     echo
-    echo '| scenario | sell-out s | accepted/s | p50 ms | p99 ms | false 410 (all rounds) |'
-    echo '|---|---:|---:|---:|---:|---:|'
+    echo '| scenario | sell-out s | window ms | accepted/s | p50 ms | p99 ms | false 410 (all rounds) |'
+    echo '|---|---:|---:|---:|---:|---:|---:|'
     for scenario in "${scenarios[@]}"; do
         [ "$(kind_of "$scenario")" = contended ] || continue
-        printf '| %s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s |\n' "$scenario" \
+        printf '| %s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s |\n' "$scenario" \
             "$(sale_median "$scenario" 6 %.3f)" "$(sale_spread "$scenario" 6)" \
+            "$(sale_median "$scenario" 22 %.0f)" "$(sale_spread "$scenario" 22)" \
             "$(sale_median "$scenario" 7 %.0f)" "$(sale_spread "$scenario" 7)" \
             "$(sale_median "$scenario" 8 %.2f)" "$(sale_spread "$scenario" 8)" \
             "$(sale_median "$scenario" 9 %.2f)" "$(sale_spread "$scenario" 9)" \
@@ -927,7 +933,7 @@ done <"$RESULTS"
 while IFS=$'\t' read -r round scenario _ _ _ _ _ _ _ _ false410 _ _ _ _ _ _ _ _ verdict _; do
     [ "$round" = round ] && continue
     if [ "$verdict" != ok ]; then
-        echo "FAIL: round $round $scenario: $verdict"
+        echo "FAIL: round $round $scenario: ${verdict#FAIL: }"
         failed=1
     fi
     ((false410 == 0)) || echo "FAIL: round $round $scenario: $false410 buyer(s) answered 410 sold out while units remained"
