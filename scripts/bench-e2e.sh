@@ -13,6 +13,31 @@
 #             measured, reported beside it
 #   evalsha   redis-benchmark EVALSHA of a minimal deduct script (check stock, SADD the
 #             buyer, DECR) on the same Redis, same concurrency, a random buyer per call
+#   contended a whole sale, run to its end: a new product of 20,000 units (--sale-stock)
+#             each round, bought by 200,000 distinct buyers (--sale-buyers), each once, as
+#             fast as wrk sends (loadtest/bench/contended.lua). The buckets run dry one by
+#             one, the losers sweep the others, then the product is flagged sold out. Not
+#             in the default set (--scenarios contended, or a list naming it): a round
+#             mints 200,000 tokens and sends 200,000 purchases, and its figures are not
+#             rates of a steady load but the sale's own, in a table of their own:
+#               sell-out   first purchase sent -> the 20,000th 202 answered, on the clock of
+#                          wrk's Lua (each purchase's send and answer time is recorded; the
+#                          gateway echoes the X-Request-Id the script sends, which pairs them)
+#               window     from the last accepted purchase sent to its 202: the last unit
+#                          went within it (sell-out is its end, an upper bound)
+#               accepted/s 20,000 / sell-out
+#               p50/p99    of every answer received until then, whatever its status
+#               false 410  410 (sold out) answers received before the last accepted
+#                          purchase was even sent: fewer than 20,000 units could have been
+#                          sold by then, so units remained. Must be 0 (FAIL otherwise), as
+#                          must any difference between 20,000 and the 202s, the orders
+#                          written once order-service drained, their distinct buyers and the
+#                          units GET /admin/products/{id}/stock says were sold
+#               410 < last 202  410s received before the last 202 was: these include the
+#                          false ones and those whose check came after the last unit went
+#                          but whose answer overtook its 202 (for information)
+#             Its row in the main table covers the whole run (every purchase, the order
+#             drain in the CPU columns). Its warm-up is a sale of a tenth of the size.
 #
 # The scenarios run in turn, in a different order each round. The summary gives each run's
 # rate, p50/p99 and the CPU time per request of each process (from /proc utime+stime), the
@@ -24,12 +49,14 @@
 #   scripts/bench-e2e.sh --bin-dir /tmp/new --baseline-bin /tmp/old   # A/B of two builds
 #   scripts/bench-e2e.sh --million                 # memory after 1,000,000 distinct buyers
 #   scripts/bench-e2e.sh --tuned                   # logs at warn, quotas far above the load
+#   scripts/bench-e2e.sh --scenarios contended -r 5 --baseline-bin /tmp/old  # a sale, A/B
 #
 # With --baseline-bin a second stack (its own namespace, the other build's three binaries)
-# runs the three HTTP scenarios too, in the same rounds. With --million there are no rounds:
-# 1,000,000 (--buyers N) purchases, each from its own buyer, flood a sold-out product once,
-# and each service's RSS is printed before, right after and while idle (--idle-secs, past the
-# gateway's ten-second shrink of its rate-limit tables and hand-back of freed memory).
+# runs the HTTP scenarios too (all but healthz-static), in the same rounds. With --million
+# there are no rounds: 1,000,000 (--buyers N) purchases, each from its own buyer, flood a
+# sold-out product once, and each service's RSS is printed before, right after and while
+# idle (--idle-secs, past the gateway's ten-second shrink of its rate-limit tables and
+# hand-back of freed memory).
 #
 # Configuration: by default the services run as scripts/up.sh starts them, every setting at
 # its default (logs at `info`, the request spans on, the default rate limits) but one, also
@@ -42,7 +69,8 @@
 # Tokens: seckill-token mints each run's buyers into a file (one token a line) before the
 # run, sized from the warm-up's rate; loadtest/bench/buyers.lua feeds them to wrk. Rate
 # limits stay on either way (their cost is part of the path). Statuses come from the
-# gateway's own http_requests_total (wrk without a response() callback).
+# gateway's own http_requests_total (wrk without a response() callback; contended has one,
+# and checks the gateway's counts against its own).
 # Starts nothing it does not stop; removes its namespace (database, keys, queues) at the end.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -66,8 +94,10 @@ usage: scripts/bench-e2e.sh [options]
       --buyers N        buyers of --million (default 1000000)
       --idle-secs N     how long RSS is watched after the flood (default 75)
       --scenarios LIST  comma-separated subset of accepted,soldout,healthz,healthz-static,
-                        evalsha (default: all; with --baseline-bin accepted, soldout and
-                        healthz also run as base-*)
+                        evalsha,contended (default: all but contended; with --baseline-bin
+                        accepted, soldout, healthz and contended also run as base-*)
+      --sale-stock N    units of each contended sale (default 20000)
+      --sale-buyers N   distinct buyers of each contended sale (default 200000)
       --tuned           logs at warn and every rate-limit quota far above the load, instead
                         of the defaults scripts/up.sh runs with
       --no-build        use the binaries already built
@@ -85,6 +115,8 @@ bin_dir=
 baseline_dir=
 million=0
 buyers=1000000
+sale_stock=20000
+sale_buyers=200000
 idle_secs=75
 build=1
 keep=0
@@ -101,6 +133,8 @@ while (($# > 0)); do
     --baseline-bin) baseline_dir=${2:?}; shift ;;
     --million) million=1 ;;
     --buyers) buyers=${2:?}; shift ;;
+    --sale-stock) sale_stock=${2:?}; shift ;;
+    --sale-buyers) sale_buyers=${2:?}; shift ;;
     --idle-secs) idle_secs=${2:?}; shift ;;
     --scenarios) only=${2:?}; shift ;;
     --tuned) tuned=1 ;;
@@ -111,12 +145,13 @@ while (($# > 0)); do
     esac
     shift
 done
-for n in "$connections" "$duration" "$threads" "$rounds" "$buyers"; do
+for n in "$connections" "$duration" "$threads" "$rounds" "$buyers" "$sale_stock" "$sale_buyers"; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || die "counts and durations must be positive integers"
 done
 [[ $warmup =~ ^[1-9][0-9]*$ ]] || die "--warmup must be at least 1 second (it sizes the token files)"
 [[ $idle_secs =~ ^[0-9]+$ ]] || die "--idle-secs must be a whole number of seconds"
 ((connections >= threads)) || die "wrk needs at least one connection per thread"
+((sale_buyers > sale_stock)) || die "--sale-buyers must exceed --sale-stock: the sale must run out"
 
 SERVICE_BINS=(gateway seckill-api order-service)
 for tool in wrk redis-benchmark redis-cli curl psql; do
@@ -322,7 +357,138 @@ orders_in_db() { # orders_in_db STACK
     psql_admin -d "seckill_${NS[$1]}" -Atc 'select count(*) from orders' 2>/dev/null || echo 0
 }
 
+accepted_between() { # accepted_between BEFORE AFTER: the 202s the gateway answered in between
+    local n
+    n=$(status_delta "$1" "$2" | tr ',' '\n' | awk -F: '$1 == 202 { print $2 }')
+    echo "${n:-0}"
+}
+# wait_orders STACK WANT: until its database holds WANT orders (order-service wrote every
+# accepted purchase), at most 120 s, or 10 s without progress; the seconds waited in DRAIN.
+wait_orders() {
+    local got last=-1 since=$SECONDS start=$SECONDS
+    while :; do
+        got=$(orders_in_db "$1")
+        ((got >= $2)) && break
+        ((got != last)) && { last=$got; since=$SECONDS; }
+        ((SECONDS - since > 10 || SECONDS - start > 120)) && {
+            say "$1: orders stopped at $got of $2: going on without the rest"
+            break
+        }
+        sleep 0.2
+    done
+    DRAIN=$((SECONDS - start))
+}
+
+percentiles() { # numbers on stdin: "count p50 p99" (nearest rank) on stdout
+    sort -n | awk 'function rank(q, i) { i = int(q * NR); if (i < q * NR) i++; return a[i < 1 ? 1 : i] }
+        { a[NR] = $1 }
+        END { if (NR == 0) print 0, 0, 0; else print NR, rank(0.5), rank(0.99) }'
+}
+
+# analyse_sale RECORDS STOCK: the sale as contended.lua's records (RECORDS.<thread>, lines
+# "<sent µs> <answered µs> <status>") tell it, on one line of key=value:
+#   purchases, first_us (first sent), last_us (last answered), all_p50_us, all_p99_us: every
+#     purchase of the run;
+#   sold_out_us: when the STOCK-th 202 was answered (the last one, unless the product was
+#     oversold), -1 if there were fewer; sellout_us: from first_us to then;
+#   sale_answers, sale_p50_us, sale_p99_us: every answer received by then, any status;
+#   last_sold_sent_us: when the STOCK-th accepted purchase, in the order they were sent, was
+#     sent (-1 if fewer): before that instant fewer than STOCK units can have been sold;
+#   false_410: 410s answered before that instant (all of them if the stock never ran out);
+#   early_410: 410s answered before sold_out_us (the false ones, and those whose answer
+#     overtook the last 202's);
+#   accepted, gone (410), other: answers by status.
+analyse_sale() {
+    local all="$1-all" stock=$2 last_sent last_sold sale
+    cat "$1".* >"$all" 2>/dev/null || : >"$all"
+    last_sent=$(awk '$3 == 202 { print $1 }' "$all" | sort -n | sed -n "${stock}p")
+    last_sold=$(awk '$3 == 202 { print $2 }' "$all" | sort -n | sed -n "${stock}p")
+    local all_p50 all_p99
+    read -r _ all_p50 all_p99 < <(awk '{ print $2 - $1 }' "$all" | percentiles)
+    sale=$(awk -v r="${last_sold:-1e300}" '$2 <= r { print $2 - $1 }' "$all" | percentiles)
+    awk -v s="${last_sent:--1}" -v r="${last_sold:--1}" -v sale="$sale" \
+        -v p50="$all_p50" -v p99="$all_p99" '
+        NR == 1 || $1 < first { first = $1 }
+        $2 > last { last = $2 }
+        $3 == 202 { accepted++ }
+        $3 == 410 { gone++; if (s < 0 || $2 < s) false410++; if (r < 0 || $2 < r) early++ }
+        $3 != 202 && $3 != 410 { other++ }
+        END {
+            split(sale, q, " ")
+            printf "SALE purchases=%d first_us=%.0f last_us=%.0f all_p50_us=%d all_p99_us=%d", NR, first, last, p50, p99
+            printf " sold_out_us=%.0f sellout_us=%.0f sale_answers=%d sale_p50_us=%d sale_p99_us=%d", r, (r < 0 ? -1 : r - first), q[1], q[2], q[3]
+            printf " last_sold_sent_us=%.0f false_410=%d early_410=%d accepted=%d gone=%d other=%d\n", s, false410, early, accepted, gone, other
+        }' "$all"
+    ((keep)) || rm -f "$all"
+}
+
+# record_sale ROUND SCENARIO OUT STATUSES: after a contended run (and the order drain): the
+# checks of the sale, one row of SALES, and FAIL on the spot when one does not hold.
+record_sale() {
+    local round=$1 scenario=$2 stack sale bench json problems=() notes=()
+    stack=$(stack_of "$scenario")
+    sale=$(<"$3.sale")
+    bench=$(grep '^BENCH ' "$3")
+    declare -A v
+    local kv
+    for kv in $sale $bench; do
+        [[ $kv == *=* ]] && v[${kv%%=*}]=${kv#*=}
+    done
+    # What seckill-api says of the product's units, and what Postgres holds.
+    json=$(curl -sS --max-time 10 -H "Authorization: Bearer $ADMIN_TOKEN" \
+        "http://127.0.0.1:${GW_PORT[$stack]}/admin/products/$LOAD_PRODUCT/stock" 2>/dev/null) || json=
+    for kv in redis_remaining sold_out_flag drift in_flight; do
+        if [[ $json =~ \"$kv\":([a-z0-9-]+) ]]; then v[$kv]=${BASH_REMATCH[1]}; else v[$kv]='?'; fi
+    done
+    read -r 'v[orders]' 'v[buyers]' < <(psql_admin -d "seckill_${NS[$stack]}" -Atc \
+        "select count(*), count(distinct user_id) from orders where product_id = $LOAD_PRODUCT" \
+        2>/dev/null | tr '|' ' ' || echo '? ?')
+    local gw202
+    gw202=$(tr ',' '\n' <<<"$4" | awk -F: '$1 == 202 { print $2 }')
+    ((v[false_410] == 0)) || problems+=("${v[false_410]} false sold-out(s)")
+    ((v[accepted] == LOAD_STOCK)) || problems+=("${v[accepted]} accepted of $LOAD_STOCK units")
+    [ "${v[orders]}" = "$LOAD_STOCK" ] || problems+=("${v[orders]} orders of $LOAD_STOCK units")
+    [ "${v[buyers]}" = "${v[orders]}" ] || problems+=("${v[buyers]} distinct buyers in ${v[orders]} orders")
+    [ "${v[redis_remaining]}" = 0 ] || problems+=("stock endpoint: ${v[redis_remaining]} units left")
+    [ "${v[drift]}" = 0 ] || problems+=("stock endpoint: drift ${v[drift]}")
+    [ "${gw202:-0}" = "${v[accepted]}" ] ||
+        problems+=("the gateway counted ${gw202:-0} 202s, the script ${v[accepted]}")
+    ((v[purchases] == v[taken] && v[finished] == v[threads])) ||
+        problems+=("$((v[taken] - v[purchases])) purchase(s) never answered")
+    ((v[unmatched] == 0)) || problems+=("${v[unmatched]} answer(s) without their X-Request-Id")
+    [ "${v[sold_out_flag]}" = true ] || notes+=("sold-out flag not up at the end")
+    ((v[other] == 0)) || notes+=("${v[other]} answer(s) neither 202 nor 410")
+    local verdict=ok
+    if ((${#problems[@]} > 0)); then
+        verdict="FAIL: $(IFS=';'; echo "${problems[*]}")"
+    fi
+    local note=-
+    ((${#notes[@]} > 0)) && note=$(IFS=';'; echo "${notes[*]}")
+    awk -v OFS='\t' -v round="$round" -v scenario="$scenario" -v product="$LOAD_PRODUCT" \
+        -v stock="$LOAD_STOCK" -v buyers="${v[taken]}" -v sellout="${v[sellout_us]}" \
+        -v answers="${v[sale_answers]}" -v p50="${v[sale_p50_us]}" -v p99="${v[sale_p99_us]}" \
+        -v false410="${v[false_410]}" -v early="${v[early_410]}" -v acc="${v[accepted]}" \
+        -v gone="${v[gone]}" -v other="${v[other]}" -v orders="${v[orders]}" -v distinct="${v[buyers]}" \
+        -v left="${v[redis_remaining]}" -v flag="${v[sold_out_flag]}" -v verdict="$verdict" -v note="$note" \
+        -v sold="${v[sold_out_us]}" -v last_sent="${v[last_sold_sent_us]}" \
+        'BEGIN {
+            s = sellout < 0 ? "-" : sprintf("%.3f", sellout / 1e6)
+            rate = sellout > 0 ? sprintf("%.0f", stock * 1e6 / sellout) : "-"
+            window = sold < 0 || last_sent < 0 ? "-" : sprintf("%.0f", (sold - last_sent) / 1000)
+            print round, scenario, product, stock, buyers, s, rate, sprintf("%.3f", p50 / 1000),
+                sprintf("%.3f", p99 / 1000), answers, false410, early, acc, gone, other, orders,
+                distinct, left, flag, verdict, note, window
+        }' >>"$SALES"
+    tail -n 1 "$SALES" | awk -F'\t' '{ printf "    %-6s %-13s sold out in %s s (%s accepted/s), p50 %s ms  p99 %s ms until then; false 410: %s; %s\n", $1, $2, $6, $7, $8, $9, $11, $20 }' >&2
+    if [ "$verdict" != ok ]; then
+        echo "FAIL: round $round $scenario: ${verdict#FAIL: }" >&2
+    fi
+    [ "$note" = - ] || say "round $round $scenario: $note"
+}
+
 RESULTS="$WORK/results.tsv"
+SALES="$WORK/sales.tsv"
+printf 'round\tscenario\tproduct\tstock\tbuyers\tsellout_s\taccepted_per_s\tp50_ms\tp99_ms\tanswers\tfalse_410\tearly_410\taccepted\tgone\tother\torders\tdistinct_buyers\tleft\tflag\tverdict\tnote\twindow_ms\n' >"$SALES"
 printf 'round\tscenario\trps\tp50_ms\tp99_ms\trequests\tstatuses\terrors\treused\tgateway_us\tapi_us\torders_us\tredis_us\tbeam_us\tpg_us\twrk_us\tother_pct\tdrain_s\n' >"$RESULTS"
 
 # The minimal deduct script of the evalsha scenario: KEYS[1] stock (a counter), KEYS[2] the
@@ -347,12 +513,13 @@ kind_of() { echo "${1#base-}"; }
 
 # prepare_load SCENARIO SECONDS NAME: what a run of SCENARIO needs, made before its
 # measurement starts: the token file of its buyers (LOAD_TOKENS) and the product
-# (LOAD_PRODUCT), or redis-benchmark's request count (LOAD_COUNT) and a fresh buyers set.
+# (LOAD_PRODUCT; contended: with LOAD_STOCK units), or redis-benchmark's request count
+# (LOAD_COUNT) and a fresh buyers set.
 prepare_load() {
     local scenario=$1 secs=$2 stack kind
     stack=$(stack_of "$scenario")
     kind=$(kind_of "$scenario")
-    LOAD_TOKENS= LOAD_PRODUCT= LOAD_COUNT=
+    LOAD_TOKENS='' LOAD_PRODUCT='' LOAD_COUNT='' LOAD_STOCK=''
     case $kind in
     accepted | soldout | healthz)
         # Twice the fastest rate seen so far, plus a margin: buyers must not repeat.
@@ -368,6 +535,16 @@ prepare_load() {
             LOAD_PRODUCT=${SOLDOUT[$stack]}
         fi
         ;;
+    contended)
+        # A whole sale: a new product, more buyers than units; the warm-up's is a tenth.
+        LOAD_COUNT=$sale_buyers LOAD_STOCK=$sale_stock
+        if [[ $3 == warmup-* ]]; then
+            LOAD_COUNT=$(((sale_buyers + 9) / 10)) LOAD_STOCK=$(((sale_stock + 9) / 10))
+        fi
+        LOAD_TOKENS="$WORK/tokens/$3.txt"
+        mint "$LOAD_COUNT" "$LOAD_TOKENS"
+        LOAD_PRODUCT=$(create_product "$stack" "$LOAD_STOCK")
+        ;;
     evalsha)
         LOAD_COUNT=$(awk -v r="${RATE[$scenario]:-50000}" -v s="$secs" 'BEGIN { printf "%d", r * s }')
         "${R[@]}" SET "$EVAL_STOCK" 1000000000000 >/dev/null
@@ -378,7 +555,7 @@ prepare_load() {
 
 # run_load SCENARIO SECONDS OUT: one run of the load prepared by prepare_load; wrk's report
 # (or a BENCH line made from redis-benchmark's CSV) in OUT; the client's CPU seconds in
-# OUT.cpu.
+# OUT.cpu; contended: each purchase's times in OUT.rec.<thread> (loadtest/bench/contended.lua).
 run_load() {
     local scenario=$1 secs=$2 out=$3 stack kind url TIMEFORMAT='%U %S'
     stack=$(stack_of "$scenario")
@@ -393,6 +570,16 @@ run_load() {
     accepted | soldout | healthz)
         { time THREADS=$threads wrk -t"$threads" -c"$connections" -d"$secs"s --latency \
             -s "$BENCH_DIR/buyers.lua" "$url" -- "$LOAD_TOKENS" "$LOAD_PRODUCT" >"$out" 2>&1; } 2>"$out.time" ||
+            { cat "$out" >&2; die "wrk failed ($scenario)"; }
+        ((keep)) || rm -f "$LOAD_TOKENS"
+        ;;
+    contended)
+        # Ends once every purchase is answered; -d only bounds a run in which one never is
+        # (at 1,000 purchases/s, far below any rate this path has shown).
+        rm -f "$out.rec".*
+        { time THREADS=$threads wrk -t"$threads" -c"$connections" -d"$((60 + LOAD_COUNT / 1000))"s \
+            --latency -s "$BENCH_DIR/contended.lua" "$url" -- "$LOAD_TOKENS" "$LOAD_PRODUCT" \
+            "$out.rec" >"$out" 2>&1; } 2>"$out.time" ||
             { cat "$out" >&2; die "wrk failed ($scenario)"; }
         ((keep)) || rm -f "$LOAD_TOKENS"
         ;;
@@ -429,7 +616,7 @@ measure() {
     pg=$(pg_backends "$stack")
     # shellcheck disable=SC2206 # lists of pids
     procs=("${PID_GW[$stack]}" "${PID_API[$stack]}" "${PID_ORD[$stack]}" "$REDIS_PID" "$BEAM_PIDS" "$pg")
-    [ "$kind" = accepted ] && orders0=$(orders_in_db "$stack")
+    [[ $kind == accepted || $kind == contended ]] && orders0=$(orders_in_db "$stack")
     prepare_load "$scenario" "$duration" "$1-$2"
     st0=$(post_statuses "$stack")
     m0=$(machine_ticks)
@@ -440,29 +627,35 @@ measure() {
     run_load "$scenario" "$duration" "$out"
     line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line ($scenario)"; }
     st1=$(post_statuses "$stack")
-    if [ "$kind" = accepted ]; then
+    if [[ $kind == accepted || $kind == contended ]]; then
         # Until order-service has written every accepted purchase (their CPU belongs to these
-        # requests), at most 120 s; then the CPU is read.
-        local want got last=-1 since=$SECONDS start=$SECONDS
-        want=$(status_delta "$st0" "$st1" | tr ',' '\n' | awk -F: '$1 == 202 { print $2 }')
-        want=$((orders0 + ${want:-0}))
-        while :; do
-            got=$(orders_in_db "$stack")
-            ((got >= want)) && break
-            ((got != last)) && { last=$got; since=$SECONDS; }
-            ((SECONDS - since > 10 || SECONDS - start > 120)) && {
-                say "orders stopped at $got of $want: CPU read without the rest"
-                break
-            }
-            sleep 0.2
-        done
-        drain=$((SECONDS - start))
+        # requests); then the CPU is read.
+        wait_orders "$stack" "$((orders0 + $(accepted_between "$st0" "$st1")))"
+        drain=$DRAIN
     fi
     for i in "${!procs[@]}"; do
         # shellcheck disable=SC2086
         t1[i]=$(ticks ${procs[i]})
     done
     m1=$(machine_ticks)
+    if [ "$kind" = contended ]; then
+        # The sale's own figures; the main table's row gets the whole run as the records
+        # tell it (purchases only, not the health checks of a thread waiting for its last
+        # answers), with wrk's error counts.
+        analyse_sale "$out.rec" "$LOAD_STOCK" >"$out.sale"
+        ((keep)) || rm -f "$out.rec".*
+        local sale
+        sale=$(<"$out.sale")
+        line=$(awk -v sale="$sale" '{
+                for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                n = split(sale, f, " ")
+                for (i = 2; i <= n; i++) { split(f[i], kv, "="); s[kv[1]] = kv[2] }
+                d = s["last_us"] - s["first_us"]
+                printf "BENCH requests=%d duration_us=%d rps=%.1f p50_us=%d p90_us=0 p99_us=%d p999_us=0 max_us=0 connect_err=%d read_err=%d write_err=%d timeout_err=%d non2xx=0 taken=%d reused=0\n",
+                    s["purchases"], d, (d > 0 ? s["purchases"] * 1e6 / d : 0), s["all_p50_us"], s["all_p99_us"],
+                    v["connect_err"], v["read_err"], v["write_err"], v["timeout_err"], v["taken"]
+            }' <<<"$line")
+    fi
     local statuses
     if [ "$kind" = evalsha ]; then
         statuses=-
@@ -491,30 +684,41 @@ measure() {
     # The fastest rate seen sizes the next token file.
     ((rps > ${RATE[$scenario]:-0})) && RATE[$scenario]=$rps
     tail -n 1 "$RESULTS" | awk -F'\t' '{ printf "    %-6s %-13s %8s req/s  p50 %7s ms  p99 %7s ms  %s\n", $1, $2, $3, $4, $5, $7 }' >&2
+    if [ "$kind" = contended ]; then
+        record_sale "$round" "$scenario" "$out" "$(status_delta "$st0" "$st1")"
+    fi
 }
 
 scenarios=()
 IFS=, read -ra picked <<<"$only"
-for scenario in accepted soldout healthz healthz-static evalsha; do
+for scenario in accepted soldout healthz healthz-static evalsha contended; do
     [[ ",$only," == *",$scenario,"* ]] && scenarios+=("$scenario")
 done
 for scenario in "${picked[@]}"; do
-    [[ $scenario =~ ^(accepted|soldout|healthz|healthz-static|evalsha)$ ]] ||
+    [[ $scenario =~ ^(accepted|soldout|healthz|healthz-static|evalsha|contended)$ ]] ||
         die "unknown scenario: $scenario"
 done
 ((${#scenarios[@]} > 0)) || die "--scenarios names none"
 if [ -n "$baseline_dir" ]; then
-    for scenario in accepted soldout healthz; do
+    for scenario in accepted soldout healthz contended; do
         [[ ",$only," == *",$scenario,"* ]] && scenarios+=("base-$scenario")
     done
 fi
 
-# warm_up SCENARIO: an unmeasured run; its rate sizes the first measured run.
+# warm_up SCENARIO: an unmeasured run; its rate sizes the first measured run. The warm-up
+# sale of contended is left to drain before anything else runs.
 warm_up() {
-    local out="$WORK/wrk/warmup-$1.txt" line
+    local out="$WORK/wrk/warmup-$1.txt" line stack orders0 st0
+    stack=$(stack_of "$1")
+    orders0=$(orders_in_db "$stack")
     prepare_load "$1" "$warmup" "warmup-$1"
+    st0=$(post_statuses "$stack")
     run_load "$1" "$warmup" "$out"
     line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line (warm-up $1)"; }
+    if [ "$(kind_of "$1")" = contended ]; then
+        ((keep)) || rm -f "$out.rec".*
+        wait_orders "$stack" "$((orders0 + $(accepted_between "$st0" "$(post_statuses "$stack")")))"
+    fi
     [[ $line =~ rps=([0-9]+) ]] && RATE[$1]=${BASH_REMATCH[1]}
     say "warm-up $1: ${RATE[$1]:-?} req/s"
 }
@@ -653,6 +857,49 @@ if [ -n "$baseline_dir" ]; then
     done
 fi
 echo
+if (($(wc -l <"$SALES") > 1)); then
+    sale_column() { awk -F'\t' -v s="$1" -v c="$2" 'NR > 1 && $2 == s && $c != "-" { print $c }' "$SALES"; }
+    sale_median() { sale_column "$1" "$2" | median | awk -v f="$3" '{ if ($1 == "nan") print "-"; else printf f "\n", $1 }'; }
+    sale_spread() { sale_column "$1" "$2" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
+    echo "Contended sale: each round a new product of $sale_stock units, $sale_buyers distinct buyers, each once, as fast as"
+    echo "wrk -t$threads -c$connections sends. Sell-out: first purchase sent to the ${sale_stock}th 202 answered (wrk's Lua clock);"
+    echo "window = from the last accepted purchase sent to the last 202 answered: the last unit went in those ms before"
+    echo "sell-out. accepted/s = units / sell-out; p50/p99 of every answer received until then (any status); false 410 = 410s"
+    echo "answered before the last accepted purchase was sent (units certainly remained: must be 0); 410 < last 202 = 410s"
+    echo "answered before the last 202 (the false ones and those that overtook it); orders (distinct buyers) once"
+    echo "order-service drained; left and flag from GET /admin/products/{id}/stock at the end."
+    echo
+    echo '| round | scenario | sell-out s | window ms | accepted/s | p50 ms | p99 ms | answers | false 410 | 410 < last 202 | 202 | 410 | other | orders (buyers) | left | flag | verdict |'
+    echo '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|'
+    awk -F'\t' 'NR > 1 {
+        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) | %s | %s | %s |\n",
+            $1, $2, $6, $22, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 }' "$SALES"
+    echo
+    echo "Medians over the rounds (spread min–max):"
+    echo
+    echo '| scenario | sell-out s | window ms | accepted/s | p50 ms | p99 ms | false 410 (all rounds) |'
+    echo '|---|---:|---:|---:|---:|---:|---:|'
+    for scenario in "${scenarios[@]}"; do
+        [ "$(kind_of "$scenario")" = contended ] || continue
+        printf '| %s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %s |\n' "$scenario" \
+            "$(sale_median "$scenario" 6 %.3f)" "$(sale_spread "$scenario" 6)" \
+            "$(sale_median "$scenario" 22 %.0f)" "$(sale_spread "$scenario" 22)" \
+            "$(sale_median "$scenario" 7 %.0f)" "$(sale_spread "$scenario" 7)" \
+            "$(sale_median "$scenario" 8 %.2f)" "$(sale_spread "$scenario" 8)" \
+            "$(sale_median "$scenario" 9 %.2f)" "$(sale_spread "$scenario" 9)" \
+            "$(sale_column "$scenario" 11 | awk '{ n += $1 } END { print n + 0 }')"
+    done
+    if [ -n "$baseline_dir" ]; then
+        list=$(awk -F'\t' 'NR > 1 && $7 != "-" { rate[$1, $2] = $7; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+            END { for (i = 1; i <= n; i++) if (rate[order[i], "contended"] > 0 && rate[order[i], "base-contended"] > 0)
+                printf "%.6f\n", rate[order[i], "contended"] / rate[order[i], "base-contended"] }' "$SALES")
+        if [ -n "$list" ]; then
+            printf '\n- contended accepted/s, main / base by round: %s (median **%.2f×**)\n' \
+                "$(echo "$list" | awk '{ printf "%s%.2f", (NR > 1 ? " " : ""), $1 }')" "$(echo "$list" | median)"
+        fi
+    fi
+    echo
+fi
 echo "RSS at the end (MB, VmRSS):"
 echo
 echo '| stack | gateway | seckill-api | order-service |'
@@ -670,21 +917,31 @@ while IFS=$'\t' read -r round scenario _ _ _ _ statuses errors reused _; do
     [ "$round" = round ] && continue
     want=
     case $(kind_of "$scenario") in
-    accepted) want=202 ;;
-    soldout) want=410 ;;
+    accepted) want='202:[0-9]+' ;;
+    soldout) want='410:[0-9]+' ;;
+    contended) want='202:[0-9]+,410:[0-9]+' ;;
     esac
     if [[ ",$statuses" =~ ,5[0-9][0-9]: ]] || ((errors > 0)); then
         echo "FAIL: round $round $scenario: $statuses, $errors socket error(s)"
         failed=1
-    elif [ -n "$want" ] && ! [[ $statuses =~ ^$want:[0-9]+$ ]]; then
-        echo "WARNING: round $round $scenario answered $statuses (expected only $want)"
+    elif [ -n "$want" ] && ! [[ $statuses =~ ^$want$ ]]; then
+        echo "WARNING: round $round $scenario answered $statuses (expected only ${want//:\[0-9\]+/})"
     fi
     ((reused > 0)) && echo "WARNING: round $round $scenario repeated $reused buyer(s): the token file was too small"
 done <"$RESULTS"
+# The sale's checks (record_sale): false sold-outs, units oversold or left unsold, orders.
+while IFS=$'\t' read -r round scenario _ _ _ _ _ _ _ _ false410 _ _ _ _ _ _ _ _ verdict _; do
+    [ "$round" = round ] && continue
+    if [ "$verdict" != ok ]; then
+        echo "FAIL: round $round $scenario: ${verdict#FAIL: }"
+        failed=1
+    fi
+    ((false410 == 0)) || echo "FAIL: round $round $scenario: $false410 buyer(s) answered 410 sold out while units remained"
+done <"$SALES"
 other=$(median_of soldout 17 %.0f)
 awk -v o="$other" 'BEGIN { exit !(o > 10) }' &&
     echo "NOTE: other processes used ~${other}% of the machine during the soldout runs: numbers are disturbed."
 if ((failed)); then
     keep=1
-    die "5xx answers or socket errors: see $WORK/wrk and the logs in $WORK"
+    die "FAIL (above): see $WORK/wrk and the logs in $WORK"
 fi
