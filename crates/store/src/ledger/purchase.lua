@@ -21,10 +21,11 @@
 --   {-2} outside the sale window (Redis' clock: one clock for every replica)
 --   {-3} bucket not loaded (the caller loads the product and retries)
 --   {-5, marker} an abandoned reservation: the caller resolves it, then retries
-if redis.call('EXISTS', KEYS[1]) == 0 then
+-- A bucket is loaded whole (load.lua writes every field at once): no window, not loaded.
+local stock = redis.call('HMGET', KEYS[1], 'remaining', 'start_ms', 'end_ms', 'expire_at')
+if not stock[2] then
   return {-3, ''}
 end
-local stock = redis.call('HMGET', KEYS[1], 'remaining', 'start_ms', 'end_ms', 'expire_at')
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if now < tonumber(stock[2]) or now >= tonumber(stock[3]) then
