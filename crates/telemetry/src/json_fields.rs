@@ -86,6 +86,41 @@ impl<'writer> FormatFields<'writer> for SpanFields {
     }
 }
 
+/// Adds `"key":"value"` (`value` escaped) to the JSON object `text` holds (`"{...}"`), as a
+/// field recorded on a span would be ([`crate::request_scope`] keeps its fields this way).
+pub(crate) fn push_str(text: &mut String, key: &str, value: &str) {
+    push_entry(text, key, |out| {
+        out.push('"');
+        // Writing into a String cannot fail.
+        let _ = Escaped(&mut *out).write_str(value);
+        out.push('"');
+    });
+}
+
+/// Adds `"key":value` for a number to the JSON object `text` holds.
+pub(crate) fn push_number(text: &mut String, key: &str, value: impl fmt::Display) {
+    push_entry(text, key, |out| {
+        let _ = write!(out, "{value}");
+    });
+}
+
+fn push_entry(text: &mut String, key: &str, value: impl FnOnce(&mut String)) {
+    if text.ends_with('}') {
+        text.pop();
+    } else {
+        text.clear();
+        text.push('{');
+    }
+    if text.len() > 1 {
+        text.push(',');
+    }
+    text.push('"');
+    let _ = Escaped(&mut *text).write_str(key);
+    text.push_str("\":");
+    value(text);
+    text.push('}');
+}
+
 /// Writes `"name":value` entries, comma-separated, into `out`; the first error sticks.
 struct Object<'a, W: fmt::Write> {
     out: &'a mut W,

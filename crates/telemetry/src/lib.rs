@@ -25,10 +25,14 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 pub mod json_fields;
 pub mod logs;
 pub mod otel;
+pub mod request_scope;
 pub mod trace_context;
 
 pub use logs::{TRACE_ID_FIELD, TraceIdLayer, WithTraceId};
-pub use otel::{Carried, carried, carried_or, continue_trace, exporting, link, shutdown_tracing};
+pub use otel::{
+    Carried, Planned, carried, carried_or, continue_trace, exporting, link, plan, shutdown_tracing,
+};
+pub use request_scope::RequestScope;
 pub use trace_context::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// Installs the global tracing subscriber. `filter` is an `EnvFilter` directive used when
@@ -40,6 +44,7 @@ pub use trace_context::{TRACEPARENT, TRACESTATE, TraceParent};
 /// runtime for the export to start.
 pub fn init_tracing(service: &str, filter: &str, format: LogFormat) {
     let sampling = otel::Sampling::from_env();
+    otel::set_sampling(&sampling);
     let provider = match otel::provider_from_env(service, &sampling) {
         Ok(provider) => provider,
         Err(e) => {

@@ -20,7 +20,7 @@ const MAX_TRACE_ID: usize = 64;
 /// A span's trace id, as recorded in its `trace_id` field: kept in place, so that recording
 /// it allocates nothing beyond the extension.
 #[derive(Debug, Clone, Copy)]
-struct SpanTraceId {
+pub(crate) struct SpanTraceId {
     len: u8,
     text: [u8; MAX_TRACE_ID],
 }
@@ -28,7 +28,7 @@ struct SpanTraceId {
 impl SpanTraceId {
     /// Only a plain id, 1 to [`MAX_TRACE_ID`] letters and digits: it is written into the
     /// JSON line unescaped.
-    fn new(value: &str) -> Option<Self> {
+    pub(crate) fn new(value: &str) -> Option<Self> {
         let len = value.len();
         if len == 0 || len > MAX_TRACE_ID || !value.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return None;
@@ -109,21 +109,81 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let trace_id = ctx.event_scope().and_then(|scope| {
-            scope
-                .into_iter()
-                .find_map(|span| span.extensions().get::<SpanTraceId>().copied())
-        });
+        let Some(scope) = ctx.event_scope() else {
+            // In no span: a request's scope, if any, stands for its span.
+            return match crate::request_scope::current(|request| {
+                self.format_in_request(ctx, &mut writer, event, request)
+            }) {
+                Some(written) => written,
+                None => self.0.format_event(ctx, writer, event),
+            };
+        };
+        let trace_id = scope
+            .into_iter()
+            .find_map(|span| span.extensions().get::<SpanTraceId>().copied());
         let Some(trace_id) = trace_id else {
             return self.0.format_event(ctx, writer, event);
         };
-        let trace_id = trace_id.as_str();
         let mut line = String::with_capacity(256);
         self.0.format_event(ctx, Writer::new(&mut line), event)?;
-        match line.strip_prefix('{') {
-            Some(rest) => write!(writer, "{{\"trace_id\":\"{trace_id}\",{rest}"),
-            None => writer.write_str(&line),
+        write_with_trace_id(&mut writer, &line, Some(trace_id))
+    }
+}
+
+impl<F> WithTraceId<F> {
+    /// The line of `event`, emitted in no span while `request` is set, as it would read
+    /// inside the span `request` stands for: its fields under `"span"` and as the one entry
+    /// of `"spans"` (the last keys of the JSON format, after `"target"`), its trace id first.
+    fn format_in_request<S, N>(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        writer: &mut Writer<'_>,
+        event: &Event<'_>,
+        request: &crate::request_scope::RequestScope,
+    ) -> fmt::Result
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+        F: FormatEvent<S, N>,
+    {
+        let mut line = String::with_capacity(384);
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let end = line.trim_end().len();
+        if !line[..end].ends_with('}') {
+            return write_with_trace_id(writer, &line, request.trace_id());
         }
+        let mut span = String::with_capacity(192);
+        request.with_fields(|name, fields| {
+            let inner = fields
+                .strip_prefix('{')
+                .and_then(|f| f.strip_suffix('}'))
+                .unwrap_or_default();
+            span.push('{');
+            span.push_str(inner);
+            if !inner.is_empty() {
+                span.push(',');
+            }
+            span.push_str("\"name\":\"");
+            span.push_str(name);
+            span.push_str("\"}");
+        });
+        let (head, tail) = line.split_at(end - 1);
+        let with_span = format!("{head},\"span\":{span},\"spans\":[{span}]{tail}");
+        write_with_trace_id(writer, &with_span, request.trace_id())
+    }
+}
+
+/// Writes `line` (a JSON object) with `"trace_id"` as its first key when there is one.
+fn write_with_trace_id(
+    writer: &mut Writer<'_>,
+    line: &str,
+    trace_id: Option<SpanTraceId>,
+) -> fmt::Result {
+    match (trace_id, line.strip_prefix('{')) {
+        (Some(trace_id), Some(rest)) => {
+            write!(writer, "{{\"trace_id\":\"{}\",{rest}", trace_id.as_str())
+        }
+        _ => writer.write_str(line),
     }
 }
 

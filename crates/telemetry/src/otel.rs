@@ -18,6 +18,7 @@
 
 pub mod watched;
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,18 +26,28 @@ use anyhow::Context as _;
 use opentelemetry::Context;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+    SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracerProvider, ShouldSample,
+};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::trace_context::TraceParent;
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+/// The sampler [`plan`] decides with ([`set_sampling`]).
+static PLAN_SAMPLER: OnceLock<Sampler> = OnceLock::new();
+
+thread_local! {
+    /// The trace id [`PlannedIds`] gives the next root span made on this thread: the one
+    /// [`plan`] decided on.
+    static PLANNED_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+}
 
 /// Whether spans are exported (an OpenTelemetry layer is installed).
 pub fn exporting() -> bool {
@@ -202,6 +213,7 @@ pub fn batched_with(
         .build();
     Ok(SdkTracerProvider::builder()
         .with_span_processor(processor)
+        .with_id_generator(PlannedIds::default())
         .with_sampler(sampling.sampler())
         .with_resource(resource(service))
         .build())
@@ -261,13 +273,26 @@ pub fn continue_trace(
     parent: Option<&TraceParent>,
     tracestate: Option<&str>,
 ) -> TraceParent {
+    continue_with(span, parent, tracestate, None)
+}
+
+/// [`continue_trace`], a new trace taking the id `root` when given (a planned one).
+fn continue_with(
+    span: &tracing::Span,
+    parent: Option<&TraceParent>,
+    tracestate: Option<&str>,
+    root: Option<TraceId>,
+) -> TraceParent {
     if exporting() && !span.is_disabled() {
         let cx = match parent {
             Some(parent) => Context::new().with_remote_span_context(remote(parent, tracestate)),
             None => Context::new(),
         };
+        // The span is made (its ids drawn, its sampling decided) by the first of these.
+        PLANNED_TRACE_ID.set(root);
         let _ = span.set_parent(cx);
         let own = span.context().span().span_context().clone();
+        PLANNED_TRACE_ID.set(None);
         if own.is_valid() {
             let onwards = TraceParent {
                 trace_id: own.trace_id().to_bytes(),
@@ -281,6 +306,106 @@ pub fn continue_trace(
     let onwards = parent.map_or_else(TraceParent::new_root, TraceParent::child);
     span.record(crate::TRACE_ID_FIELD, onwards.trace_id_hex().as_str());
     onwards
+}
+
+/// How a request is traced, decided before anything of it is made ([`plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    /// Whether the request gets a span that is exported: export is on and its trace is
+    /// sampled. Otherwise its log lines need only a [`crate::RequestScope`].
+    pub exported: bool,
+    /// The request's own context: the trace it continues (or a new one), a new span id
+    /// standing for it, the flags its caller sent (a new trace: sampled) — with the sampled
+    /// flag cleared when export is on and the sampler said no, so that the services after it
+    /// drop the trace too.
+    pub onwards: TraceParent,
+}
+
+impl Planned {
+    /// The context sent onwards once the request's `span` (when [`Planned::exported`]) is
+    /// made: `span`'s own, whose parent it sets ([`continue_trace`], a new trace under the
+    /// planned id), else the plan's own, recorded on `span` if it is enabled.
+    pub fn continue_in(
+        &self,
+        span: &tracing::Span,
+        received: Option<&TraceParent>,
+        tracestate: Option<&str>,
+    ) -> TraceParent {
+        if !self.exported {
+            span.record(crate::TRACE_ID_FIELD, self.onwards.trace_id_hex().as_str());
+            return self.onwards;
+        }
+        let root = received
+            .is_none()
+            .then(|| TraceId::from_bytes(self.onwards.trace_id));
+        continue_with(span, received, tracestate, root)
+    }
+}
+
+/// Decides how a request continuing `received` (or starting a trace) is traced: with export
+/// off, never by a span of its own; with export on, as the sampler of the standard
+/// variables ([`set_sampling`]) decides for its trace id, the same decision the exporter's
+/// provider makes ([`batched_with`] gives a new trace the planned id).
+pub fn plan(received: Option<&TraceParent>) -> Planned {
+    let onwards = received.map_or_else(TraceParent::new_root, TraceParent::child);
+    if !exporting() {
+        return Planned {
+            exported: false,
+            onwards,
+        };
+    }
+    let parent = match received {
+        Some(received) => Context::new().with_remote_span_context(remote(received, None)),
+        None => Context::new(),
+    };
+    let sampler = PLAN_SAMPLER.get_or_init(|| Sampling::from_env().sampler());
+    let decision = sampler
+        .should_sample(
+            Some(&parent),
+            TraceId::from_bytes(onwards.trace_id),
+            "http",
+            &SpanKind::Internal,
+            &[],
+            &[],
+        )
+        .decision;
+    let exported = decision == SamplingDecision::RecordAndSample;
+    Planned {
+        exported,
+        onwards: TraceParent {
+            flags: if exported {
+                onwards.flags
+            } else {
+                onwards.flags & !0x01
+            },
+            ..onwards
+        },
+    }
+}
+
+/// The sampling [`plan`] decides with: the one the exporter's provider was built with.
+/// [`crate::init_tracing`] sets it from the standard variables; the first call wins (a
+/// plan made before any call uses the variables).
+pub fn set_sampling(sampling: &Sampling) {
+    let _ = PLAN_SAMPLER.set(sampling.sampler());
+}
+
+/// The ids of the spans [`batched_with`]'s provider makes: random, except that a new trace
+/// made by [`Planned::continue_in`] takes the trace id its plan was decided on, so a ratio
+/// sampler decides the same twice.
+#[derive(Debug, Default)]
+pub struct PlannedIds(RandomIdGenerator);
+
+impl IdGenerator for PlannedIds {
+    fn new_trace_id(&self) -> TraceId {
+        PLANNED_TRACE_ID
+            .take()
+            .unwrap_or_else(|| self.0.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.0.new_span_id()
+    }
 }
 
 /// A trace context to carry onwards, in an outbox entry or in message headers.

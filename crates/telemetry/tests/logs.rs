@@ -3,7 +3,9 @@
 mod common;
 
 use common::Captured;
-use seckill_telemetry::{TraceIdLayer, TraceParent, continue_trace, json_layer};
+use seckill_telemetry::{
+    RequestScope, TraceIdLayer, TraceParent, continue_trace, json_layer, request_scope,
+};
 use tracing_subscriber::layer::SubscriberExt as _;
 
 /// The JSON objects `captured` holds, one per line.
@@ -16,13 +18,18 @@ fn json_lines(captured: &Captured) -> Vec<serde_json::Value> {
 }
 
 fn with_logs(f: impl FnOnce()) -> Vec<serde_json::Value> {
+    json_lines(&captured(f))
+}
+
+/// What the JSON log layer wrote while `f` ran.
+fn captured(f: impl FnOnce()) -> Captured {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::registry()
         .with(TraceIdLayer)
         .with(json_layer(move || writer.clone()));
     tracing::subscriber::with_default(subscriber, f);
-    json_lines(&captured)
+    captured
 }
 
 #[test]
@@ -107,4 +114,60 @@ fn a_line_carries_the_request_id_and_the_fields_recorded_after_the_span_was_made
     assert_eq!(spans[1]["request_id"], "r-inner");
     assert_eq!(lines[1]["span"]["request_id"], "r-inner");
     assert_eq!(lines[1]["trace_id"], lines[0]["trace_id"]);
+}
+
+/// A request traced by a scope instead of a span logs the same line, once parsed, as one
+/// inside the span the scope stands for: trace id first, the fields under `span` and in
+/// `spans`, the event's own fields flattened.
+#[test]
+fn a_line_in_a_request_scope_reads_as_one_inside_its_span() {
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let captured = captured(|| {
+        let span = tracing::info_span!(
+            "http",
+            method = "POST",
+            path = "/api/seckill/7",
+            request_id = "r-\"quoted\"\n",
+            user_id = tracing::field::Empty,
+            trace_id = trace,
+            service = "gateway",
+        );
+        span.record("user_id", -42_i64);
+        span.in_scope(|| tracing::warn!(answer = 42, reason = "x\"y", "upstream refused"));
+        let scope = RequestScope::new("http")
+            .with_str("method", "POST")
+            .with_str("path", "/api/seckill/7")
+            .with_str("request_id", "r-\"quoted\"\n")
+            .with_trace_id(trace)
+            .with_str("service", "gateway");
+        runtime.block_on(scope.run(async {
+            request_scope::record_i64("user_id", -42);
+            tracing::warn!(answer = 42, reason = "x\"y", "upstream refused");
+        }));
+        // Outside the scope again: a line of no request.
+        tracing::warn!("after");
+    });
+    let lines = json_lines(&captured);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let without_time = |line: &serde_json::Value| {
+        let mut line = line.clone();
+        line.as_object_mut().expect("an object").remove("timestamp");
+        line
+    };
+    assert_eq!(without_time(&lines[1]), without_time(&lines[0]));
+    assert_eq!(lines[1]["trace_id"], trace);
+    assert_eq!(lines[1]["span"]["user_id"], -42, "{}", lines[1]);
+    assert_eq!(lines[1]["spans"][0]["request_id"], "r-\"quoted\"\n");
+    // The trace id is the line's first key, as inside a span.
+    let text = captured.text();
+    let scoped = text.lines().nth(1).expect("the second line");
+    assert!(
+        scoped.starts_with(&format!("{{\"trace_id\":\"{trace}\",")),
+        "{scoped}"
+    );
+    assert!(lines[2].get("span").is_none(), "{}", lines[2]);
+    assert!(lines[2].get("trace_id").is_none(), "{}", lines[2]);
 }
