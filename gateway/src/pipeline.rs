@@ -42,12 +42,14 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::http::StatusCode;
 use futures_util::FutureExt;
+use futures_util::future::Either;
 use tokio::time::Sleep;
 use tracing::Instrument;
 
 use seckill_http::layers::{is_usable_request_id, new_request_id_text};
 use seckill_http::request_metrics::{self, method_label};
 use seckill_http1::{BodyState, Framing, Handler, HeadError, Incoming, Kind, Response, Wait};
+use seckill_telemetry::{RequestScope, TraceParent};
 
 use crate::auth::{self, Authenticator, Caller};
 use crate::client_ip::TrustedProxies;
@@ -117,27 +119,48 @@ impl Handler for Pipeline {
                 &generated
             }
         };
+        // Traced by a span only when it is exported; else its log lines take their fields
+        // from a request scope, which costs next to nothing (crates/telemetry's
+        // request_scope).
+        let received = head.value(Kind::Traceparent).and_then(TraceParent::parse);
+        let planned = seckill_telemetry::plan(received.as_ref());
+        let request_id_text = std::str::from_utf8(request_id).unwrap_or("-");
         // Plain strings, not `%` values: the JSON log layer copies a string as it is, where a
         // `Display` value goes through the formatting machinery (crates/telemetry's
         // json_fields).
-        let span = tracing::info_span!(
-            "http",
-            method = head.method().as_str(),
-            path = head.path(),
-            request_id = std::str::from_utf8(request_id).unwrap_or("-"),
-            user_id = tracing::field::Empty,
-            trace_id = tracing::field::Empty,
-            service = "gateway",
-        );
-        // Before the span is entered: with export on, its parent is the client's span.
-        let trace = proxy::TraceContext::start(head, &span);
+        let span = planned.exported.then(|| {
+            tracing::info_span!(
+                "http",
+                method = head.method().as_str(),
+                path = head.path(),
+                request_id = request_id_text,
+                user_id = tracing::field::Empty,
+                trace_id = tracing::field::Empty,
+                service = "gateway",
+            )
+        });
+        // Before the span is entered: its parent is the client's span.
+        let trace = proxy::TraceContext::start(head, received.as_ref(), &planned, span.as_ref());
         let mut deadline = deadline;
         deadline
             .as_mut()
             .reset((started + self.request_timeout).into());
-        let admitted = AssertUnwindSafe(self.admit(incoming, route, request_id, &trace))
-            .catch_unwind()
-            .instrument(span);
+        let admitted =
+            AssertUnwindSafe(self.admit(incoming, route, request_id, &trace)).catch_unwind();
+        let admitted = match span {
+            Some(span) => Either::Left(admitted.instrument(span)),
+            None if tracing::span_enabled!(tracing::Level::INFO) => Either::Right(Either::Left(
+                RequestScope::new("http")
+                    .with_str("method", head.method().as_str())
+                    .with_str("path", head.path())
+                    .with_str("request_id", request_id_text)
+                    .with_str("service", "gateway")
+                    .with_trace_id(trace.trace_id().as_str())
+                    .run(admitted),
+            )),
+            // Logs below `info`: the span would have been off too.
+            None => Either::Right(Either::Right(admitted)),
+        };
         let outcome = tokio::select! {
             biased;
             outcome = admitted => Some(outcome),
@@ -259,7 +282,7 @@ impl Pipeline {
             Ok(caller) => caller,
             Err(reason) => return auth::unauthorized(reason),
         };
-        tracing::Span::current().record("user_id", caller.user_id);
+        seckill_telemetry::request_scope::record_i64("user_id", caller.user_id);
         if route.admin_only && !caller.is_admin() {
             return auth::forbidden();
         }

@@ -22,7 +22,7 @@ use axum::http::Method;
 
 use seckill_auth::{IdentitySigner, RequestFacts};
 use seckill_http1::{Kind, RequestHead, header_line};
-use seckill_telemetry::TraceParent;
+use seckill_telemetry::{Planned, TraceParent};
 
 use crate::auth::Caller;
 use crate::client_ip::TrustedProxies;
@@ -121,18 +121,29 @@ pub struct TraceContext {
 }
 
 impl TraceContext {
-    /// The context of a request with `head`, continued by the gateway's `span` (whose
-    /// `trace_id` field it records; see [`seckill_telemetry::continue_trace`]).
-    pub fn start(head: &RequestHead, span: &tracing::Span) -> Self {
-        let received = head.value(Kind::Traceparent).and_then(TraceParent::parse);
-        // Only read when spans are exported: the state rides along in the header anyway.
-        let state = match received {
-            Some(_) if seckill_telemetry::exporting() => head
-                .value(Kind::Tracestate)
-                .and_then(|v| std::str::from_utf8(v).ok()),
-            _ => None,
+    /// The context of a request with `head`, which continues `received` (its
+    /// `traceparent`, parsed) as `planned` says ([`seckill_telemetry::plan`]): through
+    /// `span` when the request is exported (its `trace_id` field recorded; see
+    /// [`seckill_telemetry::continue_trace`]), else the plan's own context.
+    pub fn start(
+        head: &RequestHead,
+        received: Option<&TraceParent>,
+        planned: &Planned,
+        span: Option<&tracing::Span>,
+    ) -> Self {
+        let onwards = match span {
+            Some(span) => {
+                // Only read when spans are exported: the state rides along in the header anyway.
+                let state = match received {
+                    Some(_) if seckill_telemetry::exporting() => head
+                        .value(Kind::Tracestate)
+                        .and_then(|v| std::str::from_utf8(v).ok()),
+                    _ => None,
+                };
+                planned.continue_in(span, received, state)
+            }
+            None => planned.onwards,
         };
-        let onwards = seckill_telemetry::continue_trace(span, received.as_ref(), state);
         Self {
             onwards,
             kept: received.is_some(),
@@ -186,11 +197,20 @@ mod tests {
         }
     }
 
+    /// The context of a request with `head`, planned as the pipeline does (export is off in
+    /// these tests: no span).
+    fn start(head: &RequestHead) -> TraceContext {
+        let received = head.value(Kind::Traceparent).and_then(TraceParent::parse);
+        let planned = seckill_telemetry::plan(received.as_ref());
+        assert!(!planned.exported);
+        TraceContext::start(head, received.as_ref(), &planned, None)
+    }
+
     /// The forwarded request of `text` from `peer`, as text, with a new trace unless the
     /// client sent a valid one.
     fn forwarded(text: &str, peer: &str, trusted: &str, body: &[u8]) -> String {
         let head = head(text);
-        let trace = TraceContext::start(&head, &tracing::Span::none());
+        let trace = start(&head);
         let forward = Forward {
             head: &head,
             body,
@@ -307,7 +327,7 @@ mod tests {
         let head = head("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         let mut seen = std::collections::HashSet::new();
         for _ in 0..100 {
-            let trace = TraceContext::start(&head, &tracing::Span::none());
+            let trace = start(&head);
             let value = trace.value();
             let parsed = TraceParent::parse(value.as_bytes()).expect("valid");
             assert_eq!(parsed.trace_id_hex(), trace.trace_id());
@@ -317,9 +337,7 @@ mod tests {
         assert_eq!(seen.len(), 100, "every new trace has ids of its own");
         let kept = head_with_trace();
         assert_eq!(
-            TraceContext::start(&kept, &tracing::Span::none())
-                .trace_id()
-                .as_str(),
+            start(&kept).trace_id().as_str(),
             "4bf92f3577b34da6a3ce929d0e0e4736"
         );
     }
