@@ -155,7 +155,7 @@ impl Handler for Pipeline {
                     .with_str("path", head.path())
                     .with_str("request_id", request_id_text)
                     .with_str("service", "gateway")
-                    .with_trace_id(trace.trace_id().as_str())
+                    .with_trace(planned.onwards)
                     .run(admitted),
             )),
             // Logs below `info`: the span would have been off too.

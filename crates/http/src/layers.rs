@@ -65,8 +65,9 @@ async fn drop_unusable_request_id(mut req: Request, next: Next) -> Response {
 }
 
 /// Wraps `router` (outermost first): drop a caller's request id that is not short and plain →
-/// set a request id if there is none → a tracing
-/// span carrying it, so every log line of the request has it → echo it on the response →
+/// set a request id if there is none → the request's tracing planned
+/// ([`seckill_telemetry::plan`]): a span when it is exported, else a request scope, so every
+/// log line of the request has its id and trace either way → echo it on the response →
 /// a panic becomes a JSON 500 instead of a dropped connection → per-route metrics.
 pub fn instrument(router: Router, service: &'static str) -> Router {
     router
@@ -77,24 +78,29 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
             ServiceBuilder::new()
                 .layer(middleware::from_fn(drop_unusable_request_id))
                 .layer(SetRequestIdLayer::new(REQUEST_ID, FastRequestUuid))
+                .layer(middleware::from_fn(move |req, next| {
+                    plan_trace(service, req, next)
+                }))
                 .layer(
                     TraceLayer::new_for_http().make_span_with(move |req: &Request| {
-                        let request_id = req
-                            .headers()
-                            .get(REQUEST_ID)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-");
-                        // Plain strings: cheaper for the JSON log layer than `%` values.
-                        let span = tracing::info_span!(
-                            "http",
-                            method = req.method().as_str(),
-                            path = req.uri().path(),
-                            request_id,
-                            service,
-                            trace_id = tracing::field::Empty,
-                        );
-                        continue_trace(&span, req);
-                        span
+                        match req.extensions().get::<Traced>() {
+                            Some(Traced(planned)) if planned.exported => {
+                                // Plain strings: cheaper for the JSON log layer than `%` values.
+                                let span = tracing::info_span!(
+                                    "http",
+                                    method = req.method().as_str(),
+                                    path = req.uri().path(),
+                                    request_id = request_id(req),
+                                    service,
+                                    trace_id = tracing::field::Empty,
+                                );
+                                let (parent, state) = received(req);
+                                planned.continue_in(&span, parent.as_ref(), state);
+                                span
+                            }
+                            // Traced by its scope.
+                            _ => tracing::Span::none(),
+                        }
                     }),
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID))
@@ -108,9 +114,19 @@ pub fn instrument(router: Router, service: &'static str) -> Router {
         )
 }
 
-/// Makes a request's span continue the caller's trace (its `traceparent`, when well formed)
-/// or begin one, so every log line of the request carries the trace id.
-fn continue_trace(span: &tracing::Span, req: &Request) {
+/// How a request is traced, planned once by [`plan_trace`] for the layers inside it.
+#[derive(Debug, Clone, Copy)]
+struct Traced(seckill_telemetry::Planned);
+
+fn request_id(req: &Request) -> &str {
+    req.headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+}
+
+/// The caller's trace context (its `traceparent`, when well formed, and `tracestate`).
+fn received(req: &Request) -> (Option<seckill_telemetry::TraceParent>, Option<&str>) {
     let headers = req.headers();
     let parent = headers
         .get(seckill_telemetry::TRACEPARENT)
@@ -118,7 +134,26 @@ fn continue_trace(span: &tracing::Span, req: &Request) {
     let state = parent
         .and(headers.get(seckill_telemetry::TRACESTATE))
         .and_then(|v| v.to_str().ok());
-    seckill_telemetry::continue_trace(span, parent.as_ref(), state);
+    (parent, state)
+}
+
+/// Plans the request's tracing: continues the caller's trace or begins one, and when the
+/// request is not exported runs it in a request scope carrying its method, path, id,
+/// service and trace (the span the trace layer makes otherwise).
+async fn plan_trace(service: &'static str, mut req: Request, next: Next) -> Response {
+    let (parent, _) = received(&req);
+    let planned = seckill_telemetry::plan(parent.as_ref());
+    req.extensions_mut().insert(Traced(planned));
+    if planned.exported || !tracing::span_enabled!(tracing::Level::INFO) {
+        return next.run(req).await;
+    }
+    let scope = seckill_telemetry::RequestScope::new("http")
+        .with_str("method", req.method().as_str())
+        .with_str("path", req.uri().path())
+        .with_str("request_id", request_id(&req))
+        .with_str("service", service)
+        .with_trace(planned.onwards);
+    scope.run(next.run(req)).await
 }
 
 async fn record_metrics(service: &'static str, req: Request, next: Next) -> Response {

@@ -109,18 +109,19 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let Some(scope) = ctx.event_scope() else {
-            // In no span: a request's scope, if any, stands for its span.
-            return match crate::request_scope::current(|request| {
-                self.format_in_request(ctx, &mut writer, event, request)
-            }) {
-                Some(written) => written,
-                None => self.0.format_event(ctx, writer, event),
-            };
-        };
-        let trace_id = scope
-            .into_iter()
-            .find_map(|span| span.extensions().get::<SpanTraceId>().copied());
+        let spans = ctx.event_scope();
+        let in_span = spans.is_some();
+        let trace_id = spans.and_then(|scope| {
+            scope
+                .into_iter()
+                .find_map(|span| span.extensions().get::<SpanTraceId>().copied())
+        });
+        // A request traced by a scope: its fields stand for its span, the outermost.
+        if let Some(written) = crate::request_scope::current(|request| {
+            self.format_in_request(ctx, &mut writer, event, request, in_span, trace_id)
+        }) {
+            return written;
+        }
         let Some(trace_id) = trace_id else {
             return self.0.format_event(ctx, writer, event);
         };
@@ -131,26 +132,31 @@ where
 }
 
 impl<F> WithTraceId<F> {
-    /// The line of `event`, emitted in no span while `request` is set, as it would read
-    /// inside the span `request` stands for: its fields under `"span"` and as the one entry
-    /// of `"spans"` (the last keys of the JSON format, after `"target"`), its trace id first.
+    /// The line of `event`, emitted while `request` is set, as it would read were `request`
+    /// the span it stands for, the outermost: in no span (`in_span` false), its fields
+    /// under `"span"` and as the one entry of `"spans"` (the last keys of the JSON format,
+    /// after `"target"`); in spans of the request's own steps, its fields first in
+    /// `"spans"`. The trace id first: the innermost span's (`trace_id`), else the request's.
     fn format_in_request<S, N>(
         &self,
         ctx: &FmtContext<'_, S, N>,
         writer: &mut Writer<'_>,
         event: &Event<'_>,
         request: &crate::request_scope::RequestScope,
+        in_span: bool,
+        trace_id: Option<SpanTraceId>,
     ) -> fmt::Result
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
         N: for<'a> FormatFields<'a> + 'static,
         F: FormatEvent<S, N>,
     {
+        let trace_id = trace_id.or(request.trace_id());
         let mut line = String::with_capacity(384);
         self.0.format_event(ctx, Writer::new(&mut line), event)?;
         let end = line.trim_end().len();
         if !line[..end].ends_with('}') {
-            return write_with_trace_id(writer, &line, request.trace_id());
+            return write_with_trace_id(writer, &line, trace_id);
         }
         let mut span = String::with_capacity(192);
         request.with_fields(|name, fields| {
@@ -167,9 +173,22 @@ impl<F> WithTraceId<F> {
             span.push_str(name);
             span.push_str("\"}");
         });
-        let (head, tail) = line.split_at(end - 1);
-        let with_span = format!("{head},\"span\":{span},\"spans\":[{span}]{tail}");
-        write_with_trace_id(writer, &with_span, request.trace_id())
+        const SPANS: &str = "\"spans\":[";
+        let with_span = match line.rfind(SPANS) {
+            // The list is written after the event's fields, whose keys and text are
+            // escaped: its last occurrence is the list.
+            Some(at) if in_span => {
+                let (head, tail) = line.split_at(at + SPANS.len());
+                let comma = if tail.starts_with(']') { "" } else { "," };
+                format!("{head}{span}{comma}{tail}")
+            }
+            _ if in_span => line,
+            _ => {
+                let (head, tail) = line.split_at(end - 1);
+                format!("{head},\"span\":{span},\"spans\":[{span}]{tail}")
+            }
+        };
+        write_with_trace_id(writer, &with_span, trace_id)
     }
 }
 

@@ -436,7 +436,15 @@ pub fn carried(span: &tracing::Span) -> Option<Carried> {
         }
     }
     let trace_id = crate::logs::trace_id_in_scope(span)
-        .or_else(|| crate::logs::trace_id_in_scope(&tracing::Span::current()))?;
+        .or_else(|| crate::logs::trace_id_in_scope(&tracing::Span::current()));
+    let Some(trace_id) = trace_id else {
+        // A step of a request traced by a scope, not a span: the request's own context.
+        let trace = crate::request_scope::current(|scope| scope.trace()).flatten()?;
+        return Some(Carried {
+            traceparent: trace.child(),
+            tracestate: String::new(),
+        });
+    };
     let traceparent = TraceParent {
         trace_id,
         span_id: [0; 8],

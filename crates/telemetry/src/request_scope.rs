@@ -16,6 +16,7 @@ use std::future::Future;
 
 use crate::json_fields;
 use crate::logs::SpanTraceId;
+use crate::trace_context::TraceParent;
 
 tokio::task_local! {
     static REQUEST: RequestScope;
@@ -30,6 +31,9 @@ pub struct RequestScope {
     fields: RefCell<String>,
     /// The trace id, written first on every line.
     trace_id: Option<SpanTraceId>,
+    /// The request's own trace context ([`crate::otel::Planned::onwards`]): what a step of
+    /// the request sends on ([`crate::carried`]) when it has no span.
+    trace: Option<TraceParent>,
 }
 
 impl RequestScope {
@@ -41,6 +45,7 @@ impl RequestScope {
             name,
             fields: RefCell::new(fields),
             trace_id: None,
+            trace: None,
         }
     }
 
@@ -50,10 +55,13 @@ impl RequestScope {
         self
     }
 
-    /// With the trace id (32 hex digits), as the `trace_id` field and first on every line.
-    pub fn with_trace_id(mut self, trace_id: &str) -> Self {
-        self.trace_id = SpanTraceId::new(trace_id);
-        self.with_str(crate::TRACE_ID_FIELD, trace_id)
+    /// With the request's own trace context: its trace id as the `trace_id` field and first
+    /// on every line.
+    pub fn with_trace(mut self, trace: TraceParent) -> Self {
+        let hex = trace.trace_id_hex();
+        self.trace_id = SpanTraceId::new(hex.as_str());
+        self.trace = Some(trace);
+        self.with_str(crate::TRACE_ID_FIELD, hex.as_str())
     }
 
     /// Runs `future` with this scope as its requests' log context.
@@ -69,11 +77,20 @@ impl RequestScope {
     pub(crate) fn trace_id(&self) -> Option<SpanTraceId> {
         self.trace_id
     }
+
+    pub(crate) fn trace(&self) -> Option<TraceParent> {
+        self.trace
+    }
 }
 
 /// Calls `f` with the scope of the request being handled, if any.
 pub(crate) fn current<R>(f: impl FnOnce(&RequestScope) -> R) -> Option<R> {
     REQUEST.try_with(f).ok()
+}
+
+/// Whether the request being handled has a scope (and so no span of its own).
+pub fn active() -> bool {
+    REQUEST.try_with(|_| ()).is_ok()
 }
 
 /// Records `key` = `value` on the request being handled: on its scope when it has one, else
@@ -87,15 +104,50 @@ pub fn record_i64(key: &'static str, value: i64) {
     }
 }
 
+/// The span of a step of the request being handled: none when the request is traced by a
+/// scope (the step's `fields` are recorded on the scope instead, so its lines still carry
+/// them), else what `make` makes.
+pub fn step_span(
+    fields: &[(&'static str, i64)],
+    make: impl FnOnce() -> tracing::Span,
+) -> tracing::Span {
+    let recorded = REQUEST
+        .try_with(|scope| {
+            let mut text = scope.fields.borrow_mut();
+            for &(key, value) in fields {
+                json_fields::push_number(&mut text, key, value);
+            }
+        })
+        .is_ok();
+    if recorded {
+        tracing::Span::none()
+    } else {
+        make()
+    }
+}
+
+/// [`record_i64`] for a text value.
+pub fn record_str(key: &'static str, value: &str) {
+    let recorded = REQUEST
+        .try_with(|scope| json_fields::push_str(&mut scope.fields.borrow_mut(), key, value))
+        .is_ok();
+    if !recorded {
+        tracing::Span::current().record(key, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test]
     async fn fields_are_the_object_a_span_would_hold() {
+        let trace =
+            TraceParent::parse_str("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+                .expect("valid");
         let scope = RequestScope::new("http")
             .with_str("path", "/a\"b")
-            .with_trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
+            .with_trace(trace);
         let fields = scope
             .run(async {
                 record_i64("user_id", 7);

@@ -141,7 +141,9 @@ fn a_line_in_a_request_scope_reads_as_one_inside_its_span() {
             .with_str("method", "POST")
             .with_str("path", "/api/seckill/7")
             .with_str("request_id", "r-\"quoted\"\n")
-            .with_trace_id(trace)
+            .with_trace(
+                TraceParent::parse_str(&format!("00-{trace}-00f067aa0ba902b7-01")).expect("valid"),
+            )
             .with_str("service", "gateway");
         runtime.block_on(scope.run(async {
             request_scope::record_i64("user_id", -42);
@@ -170,4 +172,62 @@ fn a_line_in_a_request_scope_reads_as_one_inside_its_span() {
     );
     assert!(lines[2].get("span").is_none(), "{}", lines[2]);
     assert!(lines[2].get("trace_id").is_none(), "{}", lines[2]);
+}
+
+/// A step of a scoped request with a span of its own: the scope stands for the outermost
+/// span, as the request's span would.
+#[test]
+fn a_span_inside_a_request_scope_is_listed_under_it() {
+    let trace = TraceParent::parse_str("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .expect("valid");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let lines = with_logs(|| {
+        let outer = tracing::info_span!(
+            "http",
+            request_id = "r-1",
+            trace_id = trace.trace_id_hex().as_str()
+        );
+        outer.in_scope(|| {
+            tracing::info_span!("stock.purchase", request_id = "p-1")
+                .in_scope(|| tracing::info!(step = 2, "inside"));
+        });
+        let scope = RequestScope::new("http")
+            .with_str("request_id", "r-1")
+            .with_trace(trace);
+        runtime.block_on(scope.run(async {
+            tracing::info_span!("stock.purchase", request_id = "p-1")
+                .in_scope(|| tracing::info!(step = 2, "inside"));
+        }));
+    });
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let without_time = |line: &serde_json::Value| {
+        let mut line = line.clone();
+        line.as_object_mut().expect("an object").remove("timestamp");
+        line
+    };
+    assert_eq!(without_time(&lines[1]), without_time(&lines[0]));
+    assert_eq!(lines[1]["span"]["request_id"], "p-1");
+    assert_eq!(lines[1]["spans"][0]["request_id"], "r-1");
+    assert_eq!(lines[1]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+}
+
+/// What a step of a scoped request sends on, with no span of its own: the request's trace,
+/// a new span id.
+#[test]
+fn a_step_without_a_span_carries_the_scoped_requests_trace() {
+    let trace = TraceParent::parse_str("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+        .expect("valid");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let scope = RequestScope::new("http").with_trace(trace);
+    let carried = runtime
+        .block_on(scope.run(async { seckill_telemetry::carried(&tracing::Span::none()) }))
+        .expect("the request's trace");
+    assert_eq!(carried.traceparent.trace_id, trace.trace_id);
+    assert_ne!(carried.traceparent.span_id, trace.span_id);
+    assert_eq!(carried.traceparent.flags, 0, "the sampling decision kept");
+    assert!(seckill_telemetry::carried(&tracing::Span::none()).is_none());
 }

@@ -12,6 +12,7 @@ use seckill_auth::Identity;
 use seckill_http::{ErrorBody, PathId};
 use seckill_messaging::{OrderMessage, TraceHeaders};
 use seckill_store::PurchaseResult;
+use seckill_telemetry::request_scope::{self, record_str, step_span};
 use tracing::Instrument as _;
 
 use super::AppState;
@@ -72,11 +73,26 @@ pub struct Accepted {
     ),
     security(("bearer" = [])),
 )]
-#[tracing::instrument(skip_all, fields(product_id = product_id, user_id = identity.user_id))]
 pub async fn purchase(
     State(state): State<AppState>,
     identity: Identity,
     PathId(product_id): PathId,
+    headers: HeaderMap,
+) -> Response {
+    let span = step_span(
+        &[("product_id", product_id), ("user_id", identity.user_id)],
+        || tracing::info_span!("purchase", product_id, user_id = identity.user_id),
+    );
+    purchase_in(state, identity, product_id, headers)
+        .instrument(span)
+        .await
+}
+
+/// [`purchase`], in its span (or its request's scope).
+async fn purchase_in(
+    state: AppState,
+    identity: Identity,
+    product_id: i64,
     headers: HeaderMap,
 ) -> Response {
     let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
@@ -247,7 +263,7 @@ async fn deliver(
     let durable_in = match (&state.publisher, intent) {
         (Some(publisher), Some(intent)) => {
             // The publish is a span of the request, and the message's parent.
-            let span = tracing::info_span!("outbox.deliver", %request_id);
+            let span = step_span(&[], || tracing::info_span!("outbox.deliver", %request_id));
             let carried = seckill_telemetry::carried(&span).or_else(|| purchase_trace.cloned());
             let traceparent = carried.as_ref().map(|c| c.traceparent.header());
             let trace = TraceHeaders {
@@ -325,7 +341,15 @@ async fn decide(
         .unwrap_or("");
     // The purchase script's span: its context is what the outbox entry carries, so the
     // order's spans join the click's trace whoever publishes it, and when.
-    let span = tracing::info_span!("stock.purchase", %request_id);
+    let span = step_span(&[], || tracing::info_span!("stock.purchase", %request_id));
+    if request_scope::active() {
+        // The purchase's own id, which its span would carry.
+        let mut text = Uuid::encode_buffer();
+        record_str(
+            "purchase_id",
+            request_id.hyphenated().encode_lower(&mut text),
+        );
+    }
     let received = headers
         .get(seckill_telemetry::TRACEPARENT)
         .and_then(|v| seckill_telemetry::TraceParent::parse(v.as_bytes()));
@@ -418,11 +442,25 @@ pub struct ResultBody {
     ),
     security(("bearer" = [])),
 )]
-#[tracing::instrument(skip_all, fields(product_id = product_id, user_id = identity.user_id))]
 pub async fn result(
     State(state): State<AppState>,
     identity: Identity,
     PathId(product_id): PathId,
+) -> Result<Json<ResultBody>, ApiError> {
+    let span = step_span(
+        &[("product_id", product_id), ("user_id", identity.user_id)],
+        || tracing::info_span!("result", product_id, user_id = identity.user_id),
+    );
+    result_in(state, identity, product_id)
+        .instrument(span)
+        .await
+}
+
+/// [`result`], in its span (or its request's scope).
+async fn result_in(
+    state: AppState,
+    identity: Identity,
+    product_id: i64,
 ) -> Result<Json<ResultBody>, ApiError> {
     let product = state
         .catalog
