@@ -165,6 +165,12 @@ impl Settings {
             timeout: self.redis_wait_timeout,
         })
     }
+
+    /// The longest a purchase waits for copies of its Redis write before it publishes (zero
+    /// without a wait).
+    pub fn copy_wait(&self) -> Duration {
+        self.redis_wait().map_or(Duration::ZERO, |wait| wait.timeout)
+    }
 }
 
 impl Validate for Settings {

@@ -121,6 +121,7 @@ impl Application {
                 &settings.backend.namespace,
                 db.clone(),
                 settings.publish_timeout,
+                settings.copy_wait(),
             ))
             .with_wait(settings.redis_wait()),
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
