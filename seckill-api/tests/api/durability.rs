@@ -137,6 +137,27 @@ async fn a_wait_for_copies_is_answered_by_the_node_that_took_the_write() {
         ..none
     };
     assert!(!conn.wait_for(&key, one).await.expect("WAIT 1"));
+
+    // The same on a dedicated connection (on a cluster, a cluster connection of its own).
+    let dedicated = redis.dedicated(1, one.timeout).expect("pool");
+    let mut own = dedicated.get().await.expect("checkout");
+    redis::cmd("SET")
+        .arg(&key)
+        .arg(2)
+        .query_async::<()>(&mut own)
+        .await
+        .expect("SET");
+    assert!(own.wait_for(&key, none).await.expect("WAIT 0"));
+    assert!(!own.wait_for(&key, one).await.expect("WAIT 1"));
+    drop(own);
+    // Given back, it serves the next checkout.
+    let mut again = dedicated.get().await.expect("checkout again");
+    let value: i64 = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut again)
+        .await
+        .expect("GET");
+    assert_eq!(value, 2);
     redis::cmd("DEL")
         .arg(&key)
         .query_async::<()>(&mut conn)
