@@ -45,7 +45,8 @@ pub struct Settings {
     pub relay_batch: usize,
     /// Outbox entries pending this long are the relay's to publish: taken over from a replica
     /// that died, or (with `publish_on_accept`) left behind by a handler whose publish failed.
-    /// Must exceed `publish_timeout_ms`, or the relay races the handlers.
+    /// Must exceed `publish_timeout_ms` (plus `redis_wait_timeout_ms` when a wait for copies is
+    /// asked for), or the relay races the handlers.
     #[serde(
         rename = "relay_reclaim_idle_ms",
         with = "seckill_config::formats::millis"
@@ -55,8 +56,9 @@ pub struct Settings {
     /// once RabbitMQ confirmed it (else the relay publishes everything, after the answer).
     pub publish_on_accept: bool,
     /// Longest a purchase waits for a channel and the broker's confirm before it answers
-    /// `202` on the strength of the outbox alone (below 6000: after Redis lost a ledger,
-    /// its fence stands twice this long, see `stock::fence`).
+    /// `202` on the strength of the outbox alone (with `redis_wait_timeout_ms`, when a wait
+    /// is asked for, below 6000: after Redis lost a ledger, its fence stands the wait and
+    /// twice this long, see `stock::fence`).
     #[serde(
         rename = "publish_timeout_ms",
         with = "seckill_config::formats::millis"
@@ -93,13 +95,20 @@ pub struct Settings {
     /// Whether the Redis server's own append-only file must have the write fsynced first
     /// (`WAITAOF 1 <replicas>`, Redis 7.2 or later).
     pub redis_wait_aof: bool,
-    /// Longest such a wait (1-1000): the connection it runs on carries nothing else
-    /// meanwhile, so a lagging replica slows purchases by up to this much.
+    /// Longest such a wait (at least 1; with `publish_timeout_ms` below
+    /// `relay_reclaim_idle_ms` and below 6000): a lagging replica slows the purchases that
+    /// wait by up to this much, and only them (each waits on a connection of its own, see
+    /// `redis_wait_connections`).
     #[serde(
         rename = "redis_wait_timeout_ms",
         with = "seckill_config::formats::millis"
     )]
     pub redis_wait_timeout: Duration,
+    /// Dedicated Redis connections (1-1024) the purchases that wait for copies of their
+    /// write run on, script and `WAIT` together (a `WAIT` holds back whatever else its
+    /// connection carries, and counts that connection's writes only); unused without a
+    /// wait. A purchase finding none free within 2 s answers `503`.
+    pub redis_wait_connections: usize,
     /// Buckets a new product's stock is split into unless its creation names a count (fixed
     /// per product, 1-1024).
     pub stock_buckets: i16,
@@ -148,6 +157,7 @@ impl Default for Settings {
             redis_wait_replicas: 0,
             redis_wait_aof: false,
             redis_wait_timeout: Duration::from_millis(100),
+            redis_wait_connections: 64,
             stock_buckets: 16,
             sweep_fence: Duration::from_millis(5_000),
             sweep_skew_margin: Duration::from_millis(10_000),
@@ -165,6 +175,13 @@ impl Settings {
             timeout: self.redis_wait_timeout,
         })
     }
+
+    /// The longest a purchase waits for copies of its Redis write before it publishes (zero
+    /// without a wait).
+    pub fn copy_wait(&self) -> Duration {
+        self.redis_wait()
+            .map_or(Duration::ZERO, |wait| wait.timeout)
+    }
 }
 
 impl Validate for Settings {
@@ -173,13 +190,26 @@ impl Validate for Settings {
         if self.redis_pool_size == 0 || self.db_pool_size == 0 || self.relay_batch == 0 {
             return Err("pool sizes and relay_batch must be positive".into());
         }
-        if self.publish_on_accept && self.relay_reclaim_idle <= self.publish_timeout {
-            return Err("relay_reclaim_idle_ms must exceed publish_timeout_ms".into());
+        // A handler publishes once its copies are waited for; the relay must not take its
+        // outbox entry over before then.
+        let handler_holds = self.copy_wait() + self.publish_timeout;
+        if self.publish_on_accept && self.relay_reclaim_idle <= handler_holds {
+            return Err(
+                "relay_reclaim_idle_ms must exceed publish_timeout_ms plus redis_wait_timeout_ms \
+                 (when a wait is asked for): a handler holds its outbox entry that long, and \
+                 the relay would publish it a second time"
+                    .into(),
+            );
         }
-        // After Redis lost a ledger, a fence stands twice this long for publishes begun
-        // before the loss (`stock::fence::grace`).
-        if self.publish_timeout >= Duration::from_secs(6) {
-            return Err("publish_timeout_ms must stay below 6000".into());
+        // After Redis lost a ledger, a fence stands the wait and twice the publish timeout
+        // for purchases begun before the loss (`stock::fence::grace`).
+        if handler_holds >= Duration::from_secs(6) {
+            return Err(
+                "publish_timeout_ms plus redis_wait_timeout_ms (when a wait is asked for) must \
+                 stay below 6000: after Redis lost a ledger, the product's sales pause for the \
+                 wait and twice the publish timeout"
+                    .into(),
+            );
         }
         if !(1..=seckill_messaging::batch::MAX_ORDERS).contains(&self.publish_batch_max) {
             return Err(format!(
@@ -193,16 +223,17 @@ impl Validate for Settings {
         if !(1..=crate::catalog::MAX_BUCKETS).contains(&self.stock_buckets) {
             return Err("stock_buckets must be between 1 and 1024".into());
         }
-        // WAIT with a zero timeout blocks for ever. And it blocks the multiplexed connection
-        // it runs on: every command behind it waits too, so it must end well inside the 2 s
-        // command timeout, or scripts that ran would answer as timed out.
-        if self.redis_wait().is_some()
-            && !(Duration::from_millis(1)..=Duration::from_secs(1))
-                .contains(&self.redis_wait_timeout)
-        {
+        // WAIT with a zero timeout blocks for ever. It runs on a dedicated connection,
+        // whose command timeout is the wait's and 2 s more.
+        if self.redis_wait().is_some() && self.redis_wait_timeout < Duration::from_millis(1) {
             return Err(
-                "redis_wait_timeout_ms must be between 1 and 1000 when a wait is asked for".into(),
+                "redis_wait_timeout_ms must be at least 1 when a wait is asked for (0 would \
+                 wait for ever)"
+                    .into(),
             );
+        }
+        if !(1..=1024).contains(&self.redis_wait_connections) {
+            return Err("redis_wait_connections must be between 1 and 1024".into());
         }
         if self.sweep_fence.is_zero() {
             return Err("sweep_fence_ms must be positive".into());
@@ -252,5 +283,53 @@ mod tests {
         let refused = with(501).validate().expect_err("501 ms is past the bound");
         assert!(refused.contains("sold_out_local_ttl_ms"), "{refused}");
         assert!(with(600_000).validate().is_err());
+    }
+
+    /// With a wait asked for: one replica, `wait` ms, the other settings as given.
+    fn waiting(wait: u64, publish: u64, reclaim: u64) -> Settings {
+        Settings {
+            redis_wait_replicas: 1,
+            redis_wait_timeout: Duration::from_millis(wait),
+            publish_timeout: Duration::from_millis(publish),
+            relay_reclaim_idle: Duration::from_millis(reclaim),
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn a_wait_for_copies_may_last_seconds_but_not_past_the_relay_or_the_fence() {
+        // A wait runs on a connection of its own: longer than a second is fine.
+        assert_eq!(waiting(3_000, 1_000, 5_000).validate(), Ok(()));
+        assert_eq!(waiting(1, 1_000, 5_000).validate(), Ok(()));
+        let forever = waiting(0, 1_000, 5_000)
+            .validate()
+            .expect_err("0 waits for ever");
+        assert!(forever.contains("redis_wait_timeout_ms"), "{forever}");
+        // The relay would take over an entry whose handler is still waiting or publishing.
+        let relay = waiting(4_000, 1_000, 5_000)
+            .validate()
+            .expect_err("reclaim too soon");
+        assert!(relay.contains("relay_reclaim_idle_ms"), "{relay}");
+        // The fence would pause a wiped product's sales for too long.
+        let fence = waiting(5_000, 1_000, 60_000)
+            .validate()
+            .expect_err("fence too long");
+        assert!(fence.contains("6000"), "{fence}");
+        // Without a wait asked for, its timeout counts for nothing.
+        let mut unused = waiting(5_000, 1_000, 5_000);
+        unused.redis_wait_replicas = 0;
+        assert_eq!(unused.validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_dedicated_connections_are_between_1_and_1024() {
+        let with = |n| Settings {
+            redis_wait_connections: n,
+            ..Settings::default()
+        };
+        assert_eq!(with(1).validate(), Ok(()));
+        assert_eq!(with(1024).validate(), Ok(()));
+        assert!(with(0).validate().is_err());
+        assert!(with(1025).validate().is_err());
     }
 }

@@ -107,6 +107,17 @@ impl From<redis::RedisError> for ApiError {
     }
 }
 
+/// A purchase that waits for copies of its write runs on a dedicated connection
+/// (`seckill_store::dedicated`): none free in time is a busy replica, not a Redis down.
+impl From<seckill_store::CheckoutError> for ApiError {
+    fn from(e: seckill_store::CheckoutError) -> Self {
+        match e {
+            seckill_store::CheckoutError::Busy => Self::Unavailable(e.to_string()),
+            seckill_store::CheckoutError::Redis(e) => e.into(),
+        }
+    }
+}
+
 impl From<seckill_store::ledger::LedgerError> for ApiError {
     fn from(e: seckill_store::ledger::LedgerError) -> Self {
         match e {

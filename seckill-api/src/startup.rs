@@ -121,8 +121,9 @@ impl Application {
                 &settings.backend.namespace,
                 db.clone(),
                 settings.publish_timeout,
+                settings.copy_wait(),
             ))
-            .with_wait(settings.redis_wait()),
+            .with_wait(settings.redis_wait(), settings.redis_wait_connections)?,
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
             redis: redis.clone(),
             keys: keys.clone(),

@@ -95,6 +95,7 @@ pub const SETTINGS: &[(&str, &[&str])] = &[
         "redis_pool_size",
         "redis_url",
         "redis_wait_aof",
+        "redis_wait_connections",
         "redis_wait_replicas",
         "redis_wait_timeout_ms",
         "relay_batch",

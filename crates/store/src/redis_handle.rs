@@ -7,6 +7,8 @@
 //! pool checks each connection out with a `PING` and hands it back with an `UNWATCH`, two
 //! round trips for every command, which measured as most of a purchase's Redis time. All
 //! connections open lazily on first use, so a service can start before Redis is reachable.
+//! The one command that blocks its connection, `WAIT`, runs on a pooled connection of its
+//! own instead ([`Redis::dedicated`], `crate::dedicated`).
 //!
 //! [`is_unavailable`] tells a Redis that cannot serve right now from a command, a script or
 //! an answer that is wrong.
@@ -21,6 +23,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
+
+use crate::dedicated::DedicatedConn;
 
 /// Command and connect timeout. redis-rs defaults to 500 ms, short enough that a Redis pause
 /// during a burst would turn already-executed purchase scripts into client errors.
@@ -37,7 +41,7 @@ pub enum Redis {
 
 /// Multiplexed connections to one server, each opened on first use, used in turn.
 pub struct LazySingle {
-    client: redis::Client,
+    pub(crate) client: redis::Client,
     connections: Vec<OnceCell<ConnectionManager>>,
     next: AtomicUsize,
 }
@@ -45,6 +49,8 @@ pub struct LazySingle {
 /// A cluster client whose (multiplexed) connection opens on first use.
 pub struct LazyCluster {
     client: ClusterClient,
+    /// The seed nodes' URLs, for the dedicated connections (`crate::dedicated`).
+    pub(crate) seeds: Vec<String>,
     connection: OnceCell<ClusterConnection>,
 }
 
@@ -63,18 +69,20 @@ impl Redis {
     /// carrying any number of concurrent commands). Never blocks on Redis.
     pub fn new(url: &str, cluster: bool, connections: usize) -> anyhow::Result<Self> {
         if cluster {
-            let seeds: Vec<&str> = url
+            let seeds: Vec<String> = url
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
+                .map(String::from)
                 .collect();
             anyhow::ensure!(!seeds.is_empty(), "no Redis Cluster seed nodes configured");
-            let client = ClusterClient::builder(seeds)
+            let client = ClusterClient::builder(seeds.clone())
                 .connection_timeout(TIMEOUT)
                 .response_timeout(TIMEOUT)
                 .build()?;
             return Ok(Self::Cluster(std::sync::Arc::new(LazyCluster {
                 client,
+                seeds,
                 connection: OnceCell::new(),
             })));
         }
@@ -119,12 +127,16 @@ impl Redis {
     }
 }
 
-/// A connection from [`Redis::get`]; use it like any redis-rs async connection.
+/// A connection from [`Redis::get`] (or a dedicated one, from
+/// [`Dedicated::get`](crate::dedicated::Dedicated::get)); use it like any redis-rs async
+/// connection.
 pub enum RedisConn {
     /// Multiplexed single-server connection.
     Single(ConnectionManager),
     /// Cluster connection (routes by key).
     Cluster(ClusterConnection),
+    /// A pooled connection of one caller's alone.
+    Dedicated(DedicatedConn),
 }
 
 impl ConnectionLike for RedisConn {
@@ -132,6 +144,7 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Dedicated(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -144,6 +157,7 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Dedicated(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -151,6 +165,7 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Dedicated(c) => c.get_db(),
         }
     }
 }
@@ -169,7 +184,7 @@ pub struct WaitFor {
 impl WaitFor {
     /// The command: `WAITAOF 1 <replicas> <ms>` when the local AOF counts, else
     /// `WAIT <replicas> <ms>`.
-    fn command(&self) -> Cmd {
+    pub(crate) fn command(&self) -> Cmd {
         let millis = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
         if self.local_aof {
             let mut cmd = redis::cmd("WAITAOF");
@@ -198,7 +213,9 @@ impl RedisConn {
     /// Waits until the writes this connection made so far (the script just run on `key`, at
     /// least) have the copies `wait` asks for, or its timeout passed; `Ok(false)` when they
     /// do not. `WAIT` counts a connection's own writes, so it runs on this connection (on a
-    /// cluster, on the master of `key`'s slot, which executed them).
+    /// cluster, on the master of `key`'s slot, which executed them). On a multiplexed
+    /// connection it holds back every command sent behind it until it returns: a purchase
+    /// waits on a dedicated one.
     pub async fn wait_for(&mut self, key: &str, wait: WaitFor) -> RedisResult<bool> {
         let cmd = wait.command();
         let reply = match self {
@@ -214,6 +231,7 @@ impl RedisConn {
                 )
                 .await?
             }
+            Self::Dedicated(c) => c.wait(key, wait).await?,
         };
         wait.satisfied_by(&reply)
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use seckill_store::ledger::{Holding, Ledger};
-use seckill_store::{Redis, RedisConn, WaitFor, home_bucket};
+use seckill_store::{Dedicated, Redis, RedisConn, WaitFor, home_bucket};
 
 use super::fence::Fence;
 use crate::catalog::Product;
@@ -38,8 +38,9 @@ pub struct StockEngine {
     /// Tells when a product whose ledger Redis lost may be loaded again; `None`: never
     /// automatically (such a product stays refused).
     pub(super) fence: Option<std::sync::Arc<Fence>>,
-    /// Copies (replicas, local AOF) an accepted purchase's write waits for; `None`: none.
-    wait: Option<WaitFor>,
+    /// Copies (replicas, local AOF) an accepted purchase's write waits for, and the
+    /// dedicated connections it writes and waits on; `None`: none asked for.
+    copies: Option<(WaitFor, Dedicated)>,
 }
 
 impl std::fmt::Debug for StockEngine {
@@ -59,23 +60,39 @@ impl StockEngine {
             ledger: Ledger::new(keys),
             timings,
             fence: None,
-            wait: None,
+            copies: None,
         }
     }
 
-    /// The same engine, waiting for `wait`'s copies of every accepted purchase's write.
-    pub fn with_wait(mut self, wait: Option<WaitFor>) -> Self {
-        self.wait = wait;
-        self
+    /// The same engine, waiting for `wait`'s copies of every accepted purchase's write. A
+    /// `WAIT` holds back everything sent behind it on its connection, and counts the writes
+    /// of that connection only: so with a wait, a purchase's script and its `WAIT` run on a
+    /// dedicated connection, one of at most `connections` (`seckill_store::dedicated`).
+    /// Without one, every purchase stays on the multiplexed connections.
+    pub fn with_wait(mut self, wait: Option<WaitFor>, connections: usize) -> anyhow::Result<Self> {
+        self.copies = match wait {
+            Some(wait) => Some((wait, self.redis.dedicated(connections, wait.timeout)?)),
+            None => None,
+        };
+        Ok(self)
     }
 
-    /// Waits for the copies asked for of the purchase just written through `conn` to a
-    /// bucket of `product_id`. The purchase stands either way (its unit is taken and its
-    /// intent recorded); a short count means a failover or a crash of this Redis could still
-    /// lose it, so it is logged and counted for the operator. Without a wait asked for, it
-    /// costs nothing (not even the key).
+    /// The connection a purchase's write runs on: a dedicated one when its copies are
+    /// waited for (see [`Self::with_wait`]), else a multiplexed one.
+    pub(super) async fn writer(&self) -> Result<RedisConn, ApiError> {
+        match &self.copies {
+            Some((_, dedicated)) => Ok(dedicated.get().await?),
+            None => Ok(self.redis.get().await?),
+        }
+    }
+
+    /// Waits for the copies asked for of the purchase just written through `conn` (from
+    /// [`Self::writer`]) to a bucket of `product_id`. The purchase stands either way (its
+    /// unit is taken and its intent recorded); a short count means a failover or a crash of
+    /// this Redis could still lose it, so it is logged and counted for the operator. Without
+    /// a wait asked for, it costs nothing (not even the key).
     pub(super) async fn await_copies(&self, conn: &mut RedisConn, product_id: i64, bucket: u16) {
-        let Some(wait) = self.wait else {
+        let Some((wait, _)) = self.copies else {
             return;
         };
         let key = self.ledger.keys().stock(product_id, bucket);

@@ -12,11 +12,12 @@
 //! as an order or as a dead letter, where the rebuild counts it (`seckill_store::ledger`).
 //!
 //! A purchase on its way is in one of five places; the fence rules each out, in this order:
-//! 1. **a publish begun before the loss**: the fence first stands for [`grace`] (twice the
-//!    publish timeout and half a second). By then each such publish was confirmed (its
-//!    message is in the queue) or noted in transit (step 5): the handlers' publisher notes
-//!    a message still unconfirmed when its handler stops waiting (`crate::publisher`), the
-//!    relay notes a round before publishing it (`crate::relay`);
+//! 1. **a publish begun before the loss**: the fence first stands for [`grace`] (the wait
+//!    for a purchase's Redis copies, twice the publish timeout and half a second: a
+//!    purchase publishes only once its `WAIT` returned). By then each such publish was
+//!    confirmed (its message is in the queue) or noted in transit (step 5): the handlers'
+//!    publisher notes a message still unconfirmed when its handler stops waiting
+//!    (`crate::publisher`), the relay notes a round before publishing it (`crate::relay`);
 //! 2. **the product's outbox streams**: they are empty (new purchases of the product are
 //!    refused while the fence stands, so nothing is added to them);
 //! 3. **the main queue**: a passive declare finds no ready message, answered fast (a quorum
@@ -67,9 +68,11 @@ use seckill_messaging::SignatureError;
 /// How long the fence stands at least: each publish begun before the loss has by then
 /// been confirmed or noted in transit (a handler's job waits at most `publish_timeout` to
 /// be taken, and is noted if unconfirmed when that wait ends; a relay round is noted before
-/// it is published), with another `publish_timeout` and half a second for the note.
-pub fn grace(publish_timeout: Duration) -> Duration {
-    2 * publish_timeout + Duration::from_millis(500)
+/// it is published), with another `publish_timeout` and half a second for the note. A
+/// purchase that waits for copies of its Redis write (`redis_wait_*`, up to `copy_wait`)
+/// starts publishing only once that wait ends, so it adds to all of it.
+pub fn grace(publish_timeout: Duration, copy_wait: Duration) -> Duration {
+    copy_wait + 2 * publish_timeout + Duration::from_millis(500)
 }
 
 /// How long after a quiet reading the consumers' reports are read: long enough for each to
@@ -124,13 +127,20 @@ enum Holders {
 
 impl Fence {
     /// A fence for the namespace's order queues on the broker at `amqp_url`, waiting
-    /// [`grace`]`(publish_timeout)` at least.
-    pub fn new(amqp_url: &str, namespace: &str, db: PgPool, publish_timeout: Duration) -> Self {
+    /// [`grace`]`(publish_timeout, copy_wait)` at least (`copy_wait`: the longest a
+    /// purchase waits for copies of its Redis write before it publishes; zero for none).
+    pub fn new(
+        amqp_url: &str,
+        namespace: &str,
+        db: PgPool,
+        publish_timeout: Duration,
+        copy_wait: Duration,
+    ) -> Self {
         Self {
             amqp_url: amqp_url.to_string(),
             queue: seckill_messaging::Topology::new(namespace).queue,
             db,
-            grace: grace(publish_timeout),
+            grace: grace(publish_timeout, copy_wait),
             connection: tokio::sync::Mutex::new(None),
             readings: Mutex::new(HashMap::new()),
         }
@@ -344,4 +354,20 @@ fn is_not_found(error: &lapin::Error) -> bool {
         lapin::ErrorKind::ProtocolError(e)
             if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grace_covers_the_wait_for_copies_before_the_publish_it_delays() {
+        let publish = Duration::from_millis(1_000);
+        assert_eq!(grace(publish, Duration::ZERO), Duration::from_millis(2_500));
+        // A purchase waiting 3 s for its Redis copies starts its publish only then.
+        assert_eq!(
+            grace(publish, Duration::from_millis(3_000)),
+            Duration::from_millis(5_500)
+        );
+    }
 }

@@ -115,7 +115,7 @@ impl StockEngine {
             traceparent: req.traceparent,
             tracestate: req.tracestate,
         };
-        let mut conn = self.redis.get().await?;
+        let mut conn = self.writer().await?;
         let answered = self
             .ledger
             .purchase(&mut conn, id, home, &purchase, stale)

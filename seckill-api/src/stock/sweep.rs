@@ -137,7 +137,7 @@ impl StockEngine {
         reservation: &Reservation,
     ) -> Result<Took, ApiError> {
         let started = Instant::now();
-        let mut conn = self.redis.get().await?;
+        let mut conn = self.writer().await?;
         let answered = self
             .ledger
             .take(

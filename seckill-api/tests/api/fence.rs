@@ -347,6 +347,7 @@ async fn a_stale_report_holds_the_fence_until_its_connection_is_closed() {
         &app.ns.namespace,
         db.clone(),
         Duration::ZERO,
+        Duration::ZERO,
     );
     let started = std::time::Instant::now();
     while started.elapsed() < Duration::from_secs(6) {
