@@ -24,6 +24,10 @@ pub const CONFIRM_SILENCE: Duration = Duration::from_secs(3);
 /// workers name theirs so (`seckill-api/src/publisher.rs`); its relay's and its fence's
 /// connections pass through the proxy untouched.
 pub const PUBLISHER_CONNECTION: &str = "seckill-api publisher";
+/// [`Scenario::KillApiMidBatch`] kills once the outbox holds this many purchases...
+const IN_FLIGHT_AT_LEAST: i64 = 4;
+/// ...or after this long looking (then the verdict says whether it caught any).
+const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(5);
 /// The confirm [`Scenario::ConfirmLost`] swallows is one of a batch: of a message (or
 /// messages) carrying at least this many purchases.
 const LOST_CONFIRM_PURCHASES: usize = 2;
@@ -238,6 +242,14 @@ impl Scenario {
                 services.restart(role, 0).await?;
             }
             Scenario::KillApiMidBatch => {
+                // The kill lands while purchases are in flight: once the outbox holds a few
+                // (the moment the burst reached its trigger may fall between two batches).
+                // Entries live a linger and a confirm at least, longer than this look takes.
+                let looking = std::time::Instant::now();
+                while looking.elapsed() < IN_FLIGHT_PATIENCE
+                    && sale.books.outbox_len(sale.product_id).await? < IN_FLIGHT_AT_LEAST
+                {
+                }
                 services.kill(Role::Api, 0).await?;
                 // Nobody deletes an outbox entry while seckill-api is down: what is there
                 // now is what it had in flight (taken, not yet confirmed and deleted).
