@@ -67,7 +67,8 @@ pub enum Scenario {
     /// seckill-api killed with SIGKILL mid-burst, started again 3 s later.
     KillApi,
     /// seckill-api gathering batches (1 ms linger, up to 256 purchases a message) killed
-    /// with SIGKILL mid-burst, its outbox read at once; started again 3 s later.
+    /// with SIGKILL mid-burst once its outbox holds a few purchases, the outbox read at once;
+    /// started again 3 s later.
     KillApiMidBatch,
     /// seckill-api's publishing connection through a proxy that swallows one batch's
     /// `basic.ack` mid-burst, stays silent for 3 s, then severs the connection.
