@@ -2,10 +2,11 @@
 # The fault matrix: a flash sale under each single fault, one line per scenario, then
 # `chaos: N passed, N failed`.
 #
-#   scripts/chaos.sh                       # every scenario (about 4 minutes)
+#   scripts/chaos.sh                       # every scenario (about 5 minutes)
 #   scripts/chaos.sh --fast                # the fast subset CI runs (no outages, no cluster)
 #   scripts/chaos.sh --rounds 3            # the whole matrix three times over
 #   scripts/chaos.sh --scenarios redis-restart-empty,kill-seckill-api
+#   scripts/chaos.sh --scenarios kill-seckill-api-mid-batch,rabbitmq-confirm-lost
 #   scripts/chaos.sh --list                # the scenarios
 #   scripts/chaos.sh --debug-build --fast  # on the dev profile's binaries
 #   scripts/chaos.sh --debug-build --prebuilt --fast

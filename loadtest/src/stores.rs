@@ -138,6 +138,30 @@ impl Probe {
         Ok(total)
     }
 
+    /// The request ids of the entries in the product's outbox streams: the purchases taken
+    /// and not yet confirmed by the broker (an entry without one is left out).
+    pub async fn outbox_request_ids(&self, product_id: i64) -> anyhow::Result<Vec<Uuid>> {
+        let mut ids = Vec::new();
+        for bucket in 0..self.buckets(product_id).await? {
+            let mut conn = self.redis.get().await.context("connecting to Redis")?;
+            let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(self.keys.outbox(product_id, bucket))
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .context("reading the outbox")?;
+            ids.extend(
+                entries
+                    .ids
+                    .iter()
+                    .filter_map(|entry| entry.get::<String>("request_id"))
+                    .filter_map(|id| id.parse::<Uuid>().ok()),
+            );
+        }
+        Ok(ids)
+    }
+
     /// The buckets' `remaining` fields added up (a missing bucket counts 0).
     pub async fn redis_remaining(&self, product_id: i64) -> anyhow::Result<i64> {
         let mut total = 0;

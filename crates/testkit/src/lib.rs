@@ -9,6 +9,7 @@
 //! `SECKILL_TEST_AMQP` point elsewhere. `SECKILL_TEST_REDIS_CLUSTER` (comma-separated seed
 //! URLs, as `scripts/redis-cluster.sh url` prints) runs the same tests on a Redis Cluster.
 
+pub mod amqp_proxy;
 pub mod broker;
 pub mod broker_cluster;
 pub mod dns;
@@ -19,6 +20,7 @@ pub mod own_redis;
 pub mod ports;
 pub mod process;
 
+pub use amqp_proxy::{AmqpProxy, ConfirmReport};
 pub use broker::OwnBroker;
 pub use broker_cluster::OwnBrokerCluster;
 pub use latency_proxy::LatencyProxy;

@@ -126,6 +126,16 @@ impl Books {
         self
     }
 
+    /// Entries in the product's outbox streams now.
+    pub async fn outbox_len(&self, product_id: i64) -> anyhow::Result<i64> {
+        self.probe.outbox_len(product_id).await
+    }
+
+    /// The request ids in the product's outbox streams now.
+    pub async fn outbox_request_ids(&self, product_id: i64) -> anyhow::Result<Vec<Uuid>> {
+        self.probe.outbox_request_ids(product_id).await
+    }
+
     /// Of the request ids `forged`: how many have an order row, and how many a parking-lot
     /// entry.
     pub async fn forgeries(&self, forged: &[Uuid]) -> anyhow::Result<(i64, i64)> {

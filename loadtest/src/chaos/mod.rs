@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use seckill_auth::TokenMinter;
-use seckill_testkit::{LatencyProxy, OwnBrokerCluster};
+use seckill_testkit::{AmqpProxy, LatencyProxy, OwnBrokerCluster};
 
 use crate::burst;
 use crate::product;
@@ -38,7 +38,7 @@ use self::books::Books;
 use self::drive::Wave;
 use self::scenario::{Sale, Scenario};
 use self::settle::Policy;
-use self::stack::{Services, Stores, Wiring};
+use self::stack::{Role, Services, Stores, Wiring};
 use self::verdict::{Figures, Violation};
 
 /// Validity of the buyers' tokens: longer than any scenario.
@@ -162,6 +162,22 @@ pub async fn run_scenario(
         None
     };
     let broker = cluster.as_ref().map_or(&stores.broker, |c| c.node(0));
+    // In front of the broker for seckill-api only (its publishing workers, relay and fence
+    // all connect to SECKILL_AMQP_URL); only the publishing workers' connection is tampered
+    // with, order-service connects straight.
+    let amqp_proxy = if scenario.needs_amqp_proxy() {
+        Some(
+            AmqpProxy::start(
+                &broker.amqp_url(),
+                scenario::PUBLISHER_CONNECTION,
+                scenario::CONFIRM_SILENCE,
+            )
+            .await
+            .context("start the AMQP proxy")?,
+        )
+    } else {
+        None
+    };
     let wiring = Wiring {
         database_url: database_url.clone(),
         redis_url: proxy
@@ -175,6 +191,10 @@ pub async fn run_scenario(
         jwt_secret: format!("chaos-jwt-{}", uuid::Uuid::new_v4().simple()),
         internal_key: format!("chaos-internal-{}", uuid::Uuid::new_v4().simple()),
         order_signing_key: format!("chaos-orders-{}", uuid::Uuid::new_v4().simple()),
+        api_extra: amqp_proxy
+            .iter()
+            .map(|p| ("SECKILL_AMQP_URL".to_string(), p.amqp_url().to_string()))
+            .collect(),
         extra: scenario
             .service_env()
             .into_iter()
@@ -221,6 +241,8 @@ pub async fn run_scenario(
         wiring: &wiring,
         product_id,
         later_users: (later_first..later_first + later_count as i64).collect(),
+        books: &books,
+        amqp_proxy: amqp_proxy.as_ref(),
     };
     let mut notes = Vec::new();
     let wave = Wave {
@@ -375,6 +397,15 @@ pub async fn run_scenario(
         )
         .await;
     let ledger = books.ledger(product_id).await?;
+    // Read before the stop: the count lives in the process.
+    let broker_202s = if scenario == Scenario::ConfirmLost {
+        let metrics = services.metrics(Role::Api, 0).await?;
+        Some(verdict::accepted_in_broker(&metrics).context(
+            "seckill-api's metrics have no seckill_accepted_total{durable_in=\"broker\"}",
+        )?)
+    } else {
+        None
+    };
     services.stop().await;
 
     let (figures, mut violations) = verdict::judge(&first.stories, &second.stories, &ledger);
@@ -450,6 +481,37 @@ pub async fn run_scenario(
                 detail: format!("{parked} of {} forgeries in the parking lot", forged.len()),
             });
         }
+    }
+    let accepted_all = accepted_ids(&[&first, &second]);
+    if let Some(at_kill) = &injected.in_flight {
+        let answered = at_kill
+            .iter()
+            .filter(|id| accepted_all.contains(id))
+            .count();
+        notes.push(format!(
+            "in the outbox at the kill: {} purchases ({answered} of them answered 202)",
+            at_kill.len()
+        ));
+        violations.extend(verdict::judge_in_flight(at_kill, &accepted_all, &ledger));
+    }
+    if let (Some(proxy), Some(broker_202s)) = (&amqp_proxy, broker_202s) {
+        let report = proxy.report();
+        notes.push(format!(
+            "confirms through the proxy: {} messages, {} purchases; swallowed: the confirm \
+             of {} purchases; 202s durable_in=broker {broker_202s}; publisher connections \
+             {}, severed {}",
+            report.passed_messages,
+            report.passed.len(),
+            report.swallowed.as_ref().map_or(0, Vec::len),
+            report.connections,
+            report.severed
+        ));
+        violations.extend(verdict::judge_confirms(
+            &accepted_all,
+            &ledger,
+            broker_202s,
+            &report,
+        ));
     }
     let paused = first.paused + second.paused;
     if scenario == Scenario::RedisWiped && paused == 0 {

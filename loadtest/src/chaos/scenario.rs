@@ -2,8 +2,10 @@
 
 use std::time::Duration;
 
-use seckill_testkit::{LatencyProxy, OwnBrokerCluster};
+use seckill_testkit::{AmqpProxy, LatencyProxy, OwnBrokerCluster};
+use uuid::Uuid;
 
+use super::books::Books;
 use super::forge::{self, Forgeries};
 use super::stack::{Role, Services, Shape, Stores, Wiring};
 
@@ -14,6 +16,23 @@ const PAYMENT_WINDOW: Duration = Duration::from_secs(12);
 const STALL: Duration = Duration::from_millis(2500);
 /// How long [`Scenario::RedisStalls`] keeps pausing Redis.
 const STALLING_FOR: Duration = Duration::from_secs(15);
+/// How long [`Scenario::ConfirmLost`]'s proxy keeps the publisher's connection silent after
+/// it swallowed a confirm, before it severs it: past seckill-api's 1 s publish timeout
+/// (`SECKILL_API_PUBLISH_TIMEOUT_MS`), so the batch's handlers give up on the confirm.
+pub const CONFIRM_SILENCE: Duration = Duration::from_secs(3);
+/// The connection [`Scenario::ConfirmLost`] loses a confirm on: seckill-api's publishing
+/// workers name theirs so (`seckill-api/src/publisher.rs`); its relay's and its fence's
+/// connections pass through the proxy untouched.
+pub const PUBLISHER_CONNECTION: &str = "seckill-api publisher";
+/// [`Scenario::KillApiMidBatch`] kills once the outbox holds this many purchases...
+const IN_FLIGHT_AT_LEAST: i64 = 4;
+/// ...or after this long looking (then the verdict says whether it caught any).
+const IN_FLIGHT_PATIENCE: Duration = Duration::from_secs(5);
+/// The confirm [`Scenario::ConfirmLost`] swallows is one of a batch: of a message (or
+/// messages) carrying at least this many purchases.
+const LOST_CONFIRM_PURCHASES: usize = 2;
+/// Longest [`Scenario::ConfirmLost`] waits for such a confirm, then for the severance.
+const CONFIRM_LOSS_PATIENCE: Duration = Duration::from_secs(20);
 
 /// The sale a fault hits, for the faults that act on it rather than on a process.
 pub struct Sale<'a> {
@@ -24,6 +43,10 @@ pub struct Sale<'a> {
     /// Buyers who come after the fault: forgeries name them, so a forgery that sold in
     /// their name or locked them out shows in the verdict.
     pub later_users: Vec<i64>,
+    /// The scenario's stores, read straight (the outbox at a kill).
+    pub books: &'a Books,
+    /// The proxy on seckill-api's AMQP connections, for the scenario that has one.
+    pub amqp_proxy: Option<&'a AmqpProxy>,
 }
 
 /// What a fault left behind for the verdict.
@@ -31,6 +54,9 @@ pub struct Sale<'a> {
 pub struct Injected {
     /// Messages forged into the broker.
     pub forgeries: Forgeries,
+    /// The purchases in the outbox the moment seckill-api was killed, for the scenario
+    /// that counts them.
+    pub in_flight: Option<Vec<Uuid>>,
 }
 
 /// One row of the fault matrix.
@@ -40,6 +66,13 @@ pub enum Scenario {
     Baseline,
     /// seckill-api killed with SIGKILL mid-burst, started again 3 s later.
     KillApi,
+    /// seckill-api gathering batches (1 ms linger, up to 256 purchases a message) killed
+    /// with SIGKILL mid-burst once its outbox holds a few purchases, the outbox read at once;
+    /// started again 3 s later.
+    KillApiMidBatch,
+    /// seckill-api's publishing connection through a proxy that swallows one batch's
+    /// `basic.ack` mid-burst, stays silent for 3 s, then severs the connection.
+    ConfirmLost,
     /// order-service killed with SIGKILL mid-burst, started again 3 s later.
     KillOrders,
     /// The gateway killed with SIGKILL mid-burst, started again 2 s later.
@@ -73,9 +106,11 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order the matrix runs them.
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::Baseline,
         Scenario::KillApi,
+        Scenario::KillApiMidBatch,
+        Scenario::ConfirmLost,
         Scenario::KillOrders,
         Scenario::KillGateway,
         Scenario::RedisRestart,
@@ -94,6 +129,8 @@ impl Scenario {
         match self {
             Scenario::Baseline => "baseline",
             Scenario::KillApi => "kill-seckill-api",
+            Scenario::KillApiMidBatch => "kill-seckill-api-mid-batch",
+            Scenario::ConfirmLost => "rabbitmq-confirm-lost",
             Scenario::KillOrders => "kill-order-service",
             Scenario::KillGateway => "kill-gateway",
             Scenario::BrokerDown => "rabbitmq-down-30s",
@@ -146,6 +183,12 @@ impl Scenario {
                 "SECKILL_ORDER_PAYMENT_WINDOW_SECS".into(),
                 PAYMENT_WINDOW.as_secs().to_string(),
             )],
+            // Batches gathered for up to 1 ms, and big: purchases wait in memory to be
+            // published when the kill lands.
+            Scenario::KillApiMidBatch => vec![
+                ("SECKILL_API_PUBLISH_LINGER_US".into(), "1000".into()),
+                ("SECKILL_API_PUBLISH_BATCH_MAX".into(), "256".into()),
+            ],
             _ => Vec::new(),
         }
     }
@@ -168,6 +211,11 @@ impl Scenario {
     /// Whether the services reach Redis through a latency proxy.
     pub fn needs_proxy(self) -> bool {
         self == Scenario::SlowRedis
+    }
+
+    /// Whether seckill-api reaches RabbitMQ through an [`AmqpProxy`].
+    pub fn needs_amqp_proxy(self) -> bool {
+        self == Scenario::ConfirmLost
     }
 
     /// Breaks what the scenario breaks and puts it back; returns once the fault is over.
@@ -193,6 +241,32 @@ impl Scenario {
                 services.kill(role, 0).await?;
                 sleep(down).await;
                 services.restart(role, 0).await?;
+            }
+            Scenario::KillApiMidBatch => {
+                // The kill lands while purchases are in flight: once the outbox holds a few
+                // (the moment the burst reached its trigger may fall between two batches).
+                // Entries live a linger and a confirm at least, longer than this look takes.
+                let looking = std::time::Instant::now();
+                while looking.elapsed() < IN_FLIGHT_PATIENCE
+                    && sale.books.outbox_len(sale.product_id).await? < IN_FLIGHT_AT_LEAST
+                {
+                }
+                services.kill(Role::Api, 0).await?;
+                // Nobody deletes an outbox entry while seckill-api is down: what is there
+                // now is what it had in flight (taken, not yet confirmed and deleted).
+                injected.in_flight = Some(sale.books.outbox_request_ids(sale.product_id).await?);
+                sleep(3).await;
+                services.restart(Role::Api, 0).await?;
+            }
+            Scenario::ConfirmLost => {
+                let proxy = sale
+                    .amqp_proxy
+                    .ok_or_else(|| anyhow::anyhow!("rabbitmq-confirm-lost needs its proxy"))?;
+                proxy.lose_next_confirm(LOST_CONFIRM_PURCHASES);
+                // Whether it happened is the verdict's to say (from the proxy's report).
+                proxy
+                    .wait_severed(CONFIRM_LOSS_PATIENCE + CONFIRM_SILENCE)
+                    .await;
             }
             Scenario::Replicas => {
                 services.kill(Role::Api, 1).await?;

@@ -113,6 +113,8 @@ pub struct Wiring {
     pub internal_key: String,
     /// The key seckill-api signs order messages with and order-service checks them by.
     pub order_signing_key: String,
+    /// Settings of seckill-api's own (every replica), e.g. a proxy in front of its broker.
+    pub api_extra: Vec<(String, String)>,
     /// Settings of the operator's for every service, applied last.
     pub extra: Vec<(String, String)>,
 }
@@ -281,7 +283,7 @@ impl Services {
         };
         let mut api_urls = Vec::new();
         for replica in 0..shape.apis {
-            let port = add(Role::Api, replica, Vec::new())?;
+            let port = add(Role::Api, replica, wiring.api_extra.clone())?;
             api_urls.push(format!("http://127.0.0.1:{port}"));
         }
         let mut order_urls = Vec::new();
@@ -345,6 +347,26 @@ impl Services {
             .filter(|p| p.role == role)
             .nth(replica)
             .with_context(|| format!("no replica {replica} of {}", role.binary()))
+    }
+
+    /// One replica's `/metrics` (Prometheus text).
+    pub async fn metrics(&self, role: Role, replica: usize) -> anyhow::Result<String> {
+        let process = self
+            .processes
+            .iter()
+            .filter(|p| p.role == role)
+            .nth(replica)
+            .with_context(|| format!("no replica {replica} of {}", role.binary()))?;
+        let port = process.admin_port.unwrap_or(process.port);
+        let text = self
+            .http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(text)
     }
 
     /// Kills one replica with SIGKILL: no shutdown hook runs, whatever it held in memory is

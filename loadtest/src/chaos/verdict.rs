@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use seckill_testkit::ConfirmReport;
 use uuid::Uuid;
 
 use super::books::Ledger;
@@ -155,6 +156,117 @@ pub fn judge(burst: &[Story], after: &[Story], ledger: &Ledger) -> (Figures, Vec
     (figures, violations)
 }
 
+/// `kill-seckill-api-mid-batch`: the kill must have caught purchases in flight (taken, in
+/// the outbox, not yet confirmed and deleted), or it tested nothing; and each of them, like
+/// each `202`, must end as an order.
+pub fn judge_in_flight(at_kill: &[Uuid], accepted: &[Uuid], ledger: &Ledger) -> Vec<Violation> {
+    let ordered: HashSet<Uuid> = ledger.orders.iter().map(|o| o.request_id).collect();
+    let lost = |ids: &[Uuid]| {
+        ids.iter()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .filter(|id| !ordered.contains(id))
+            .count()
+    };
+    let (lost_in_flight, lost_accepted) = (lost(at_kill), lost(accepted));
+    let mut violations = Vec::new();
+    if at_kill.is_empty() {
+        violations.push(Violation {
+            name: "nothing_in_flight",
+            detail: "the outbox was empty when seckill-api was killed: nothing was in flight"
+                .into(),
+        });
+    }
+    if lost_in_flight + lost_accepted > 0 {
+        violations.push(Violation {
+            name: "in_flight_lost",
+            detail: format!(
+                "{lost_in_flight} of {} purchases in the outbox at the kill and {lost_accepted} \
+                 of {} 202s ended with no order",
+                at_kill.len(),
+                accepted.len()
+            ),
+        });
+    }
+    violations
+}
+
+/// `rabbitmq-confirm-lost`: the proxy must have swallowed a batch's confirm and severed the
+/// connection (else nothing was tested); every `202`, and every purchase of the swallowed
+/// confirm, must end as exactly one order; and no more `202`s may say they rest on the
+/// broker (`broker_202s`, seckill-api's `seckill_accepted_total{durable_in="broker"}`) than
+/// purchases whose confirm reached seckill-api.
+pub fn judge_confirms(
+    accepted: &[Uuid],
+    ledger: &Ledger,
+    broker_202s: u64,
+    report: &ConfirmReport,
+) -> Vec<Violation> {
+    let mut orders: HashMap<Uuid, usize> = HashMap::new();
+    for order in &ledger.orders {
+        *orders.entry(order.request_id).or_default() += 1;
+    }
+    let swallowed: Vec<Uuid> = report
+        .swallowed
+        .iter()
+        .flatten()
+        .filter_map(|id| id.parse().ok())
+        .collect();
+    let not_one = |ids: &[Uuid]| {
+        ids.iter()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .filter(|id| orders.get(id).copied().unwrap_or(0) != 1)
+            .count()
+    };
+    let (lost_accepted, lost_swallowed) = (not_one(accepted), not_one(&swallowed));
+    let mut violations = Vec::new();
+    if swallowed.is_empty() || report.severed == 0 {
+        violations.push(Violation {
+            name: "confirm_not_lost",
+            detail: format!(
+                "the proxy swallowed {} purchases' confirm and severed {} connections: \
+                 nothing was tested",
+                swallowed.len(),
+                report.severed
+            ),
+        });
+    }
+    if lost_accepted + lost_swallowed > 0 {
+        violations.push(Violation {
+            name: "confirmed_lost",
+            detail: format!(
+                "{lost_accepted} of {} 202s and {lost_swallowed} of the {} purchases whose \
+                 confirm was lost did not end as exactly one order",
+                accepted.len(),
+                swallowed.len()
+            ),
+        });
+    }
+    let confirmed = report.passed.len() as u64;
+    if broker_202s > confirmed {
+        violations.push(Violation {
+            name: "unconfirmed_202",
+            detail: format!(
+                "{broker_202s} 202s said durable_in=\"broker\", but confirms reached \
+                 seckill-api for {confirmed} purchases"
+            ),
+        });
+    }
+    violations
+}
+
+/// The `seckill_accepted_total{durable_in="broker"}` of a Prometheus text, if it has one.
+pub fn accepted_in_broker(metrics: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("seckill_accepted_total{") && line.contains(r#"durable_in="broker""#)
+        })
+        .find_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|value| value as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +392,100 @@ mod tests {
         for name in ["oversold", "duplicate_buyers", "drift", "not_resumed"] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
         }
+    }
+    #[test]
+    fn a_kill_that_caught_nothing_in_flight_tested_nothing() {
+        let (burst, _, ledger) = balanced();
+        let accepted: Vec<Uuid> = burst.iter().filter_map(|s| s.accepted).collect();
+        assert_eq!(
+            names(&judge_in_flight(&[], &accepted, &ledger)),
+            vec!["nothing_in_flight"]
+        );
+        assert_eq!(judge_in_flight(&accepted[..1], &accepted, &ledger), vec![]);
+    }
+
+    #[test]
+    fn a_purchase_in_the_outbox_at_the_kill_must_end_as_an_order() {
+        let (burst, _, ledger) = balanced();
+        let accepted: Vec<Uuid> = burst.iter().filter_map(|s| s.accepted).collect();
+        // Taken, never answered, never ordered.
+        let orphan = Uuid::new_v4();
+        let violations = judge_in_flight(&[accepted[0], orphan], &accepted, &ledger);
+        assert_eq!(names(&violations), vec!["in_flight_lost"]);
+        assert!(violations[0].detail.starts_with("1 of 2"), "{violations:?}");
+        // A 202 without an order is lost too, in the outbox at the kill or not.
+        let mut short = ledger.clone();
+        short.orders.pop();
+        let violations = judge_in_flight(&[accepted[0]], &accepted, &short);
+        assert_eq!(names(&violations), vec!["in_flight_lost"]);
+    }
+
+    fn report(passed: &[Uuid], swallowed: &[Uuid], severed: usize) -> ConfirmReport {
+        ConfirmReport {
+            connections: 2,
+            passed_messages: 1,
+            passed: passed.iter().map(Uuid::to_string).collect(),
+            swallowed: Some(swallowed.iter().map(Uuid::to_string).collect()),
+            severed,
+        }
+    }
+
+    #[test]
+    fn a_lost_confirm_passes_when_its_purchases_end_as_one_order_each() {
+        let (burst, _, ledger) = balanced();
+        let accepted: Vec<Uuid> = burst.iter().filter_map(|s| s.accepted).collect();
+        // The first purchase's confirm came; the second's was swallowed, its 202 rested on
+        // the outbox, and the relay made it an order.
+        let seen = report(&accepted[..1], &accepted[1..], 1);
+        assert_eq!(judge_confirms(&accepted, &ledger, 1, &seen), vec![]);
+    }
+
+    #[test]
+    fn a_202_in_the_broker_beyond_the_confirms_that_came_is_unconfirmed() {
+        let (burst, _, ledger) = balanced();
+        let accepted: Vec<Uuid> = burst.iter().filter_map(|s| s.accepted).collect();
+        let seen = report(&accepted[..1], &accepted[1..], 1);
+        assert_eq!(
+            names(&judge_confirms(&accepted, &ledger, 2, &seen)),
+            vec!["unconfirmed_202"]
+        );
+    }
+
+    #[test]
+    fn a_swallowed_purchase_without_its_order_is_lost_and_nothing_swallowed_is_named() {
+        let (burst, _, mut ledger) = balanced();
+        let accepted: Vec<Uuid> = burst.iter().filter_map(|s| s.accepted).collect();
+        let taken = Uuid::new_v4();
+        let seen = report(&accepted, &[taken], 1);
+        assert_eq!(
+            names(&judge_confirms(&accepted, &ledger, 2, &seen)),
+            vec!["confirmed_lost"]
+        );
+        ledger.orders.push(order(taken, 9, true));
+        assert_eq!(judge_confirms(&accepted, &ledger, 2, &seen), vec![]);
+        // Two rows for one purchase is no better than none.
+        ledger.orders.push(order(taken, 9, true));
+        assert_eq!(
+            names(&judge_confirms(&accepted, &ledger, 2, &seen)),
+            vec!["confirmed_lost"]
+        );
+        ledger.orders.pop();
+        let nothing = ConfirmReport {
+            swallowed: None,
+            ..report(&accepted, &[], 0)
+        };
+        assert_eq!(
+            names(&judge_confirms(&accepted, &ledger, 2, &nothing)),
+            vec!["confirm_not_lost"]
+        );
+    }
+
+    #[test]
+    fn the_broker_202s_are_read_from_the_metrics() {
+        let text = "# TYPE seckill_accepted_total counter\n\
+                    seckill_accepted_total{durable_in=\"outbox\"} 12\n\
+                    seckill_accepted_total{durable_in=\"broker\"} 345\n";
+        assert_eq!(accepted_in_broker(text), Some(345));
+        assert_eq!(accepted_in_broker("seckill_purchases_total 3\n"), None);
     }
 }
