@@ -9,14 +9,14 @@
 //!   script that changes them, and a typed [`ledger::Ledger`] handle on them.
 //! - [`result`] — the buyer-visible purchase result as stored in Redis.
 //! - [`reopened`] — following the announcements of units going back on sale.
-//! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster.
-//! - [`dedicated`] — pooled connections of their own for the command that blocks one, `WAIT`.
+//! - [`redis_handle`] — one Redis handle over a single server or a Redis Cluster, and
+//!   pooled connections of their own for the command that blocks one, `WAIT`
+//!   ([`redis_handle::dedicated`]).
 //! - [`probes`] — readiness checks of the stores.
 //! - [`transit`] — purchases noted in transit, out of the broker readings' sight.
 //! - `failpoints` (with the `failpoints` feature) — the error its failpoints return
 //!   (`docs/failpoints.md`).
 
-pub mod dedicated;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod failure;
@@ -29,8 +29,8 @@ pub mod reopened;
 pub mod result;
 pub mod transit;
 
-pub use dedicated::{CheckoutError, Dedicated};
 pub use failure::StoreFailure;
 pub use keys::{RedisKeys, home_bucket};
+pub use redis_handle::dedicated::{CheckoutError, Dedicated};
 pub use redis_handle::{Redis, RedisConn, WaitFor};
 pub use result::PurchaseResult;

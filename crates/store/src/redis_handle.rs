@@ -8,10 +8,12 @@
 //! round trips for every command, which measured as most of a purchase's Redis time. All
 //! connections open lazily on first use, so a service can start before Redis is reachable.
 //! The one command that blocks its connection, `WAIT`, runs on a pooled connection of its
-//! own instead ([`Redis::dedicated`], `crate::dedicated`).
+//! own instead ([`Redis::dedicated`], [`dedicated`]).
 //!
 //! [`is_unavailable`] tells a Redis that cannot serve right now from a command, a script or
 //! an answer that is wrong.
+
+pub mod dedicated;
 
 use std::time::Duration;
 
@@ -24,7 +26,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
-use crate::dedicated::DedicatedConn;
+use dedicated::DedicatedConn;
 
 /// Command and connect timeout. redis-rs defaults to 500 ms, short enough that a Redis pause
 /// during a burst would turn already-executed purchase scripts into client errors.
@@ -49,7 +51,7 @@ pub struct LazySingle {
 /// A cluster client whose (multiplexed) connection opens on first use.
 pub struct LazyCluster {
     client: ClusterClient,
-    /// The seed nodes' URLs, for the dedicated connections (`crate::dedicated`).
+    /// The seed nodes' URLs, for the dedicated connections ([`dedicated`]).
     pub(crate) seeds: Vec<String>,
     connection: OnceCell<ClusterConnection>,
 }
@@ -128,7 +130,7 @@ impl Redis {
 }
 
 /// A connection from [`Redis::get`] (or a dedicated one, from
-/// [`Dedicated::get`](crate::dedicated::Dedicated::get)); use it like any redis-rs async
+/// [`Dedicated::get`](dedicated::Dedicated::get)); use it like any redis-rs async
 /// connection.
 pub enum RedisConn {
     /// Multiplexed single-server connection.

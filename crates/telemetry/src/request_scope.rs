@@ -15,8 +15,7 @@ use std::cell::RefCell;
 use std::future::Future;
 
 use crate::json_fields;
-use crate::logs::SpanTraceId;
-use crate::trace_context::TraceParent;
+use crate::trace_context::{SpanTraceId, TraceParent};
 
 tokio::task_local! {
     static REQUEST: RequestScope;

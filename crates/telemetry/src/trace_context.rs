@@ -191,6 +191,38 @@ fn write_hex(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
+/// The longest `trace_id` kept (a W3C trace id has 32 characters).
+const MAX_TRACE_ID: usize = 64;
+
+/// A span's trace id, as recorded in its `trace_id` field (or a request scope's): kept in
+/// place, so that recording it allocates nothing beyond the span's extension.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpanTraceId {
+    len: u8,
+    text: [u8; MAX_TRACE_ID],
+}
+
+impl SpanTraceId {
+    /// Only a plain id, 1 to [`MAX_TRACE_ID`] letters and digits: it is written into the
+    /// JSON line unescaped.
+    pub(crate) fn new(value: &str) -> Option<Self> {
+        let len = value.len();
+        if len == 0 || len > MAX_TRACE_ID || !value.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return None;
+        }
+        let mut text = [0; MAX_TRACE_ID];
+        text[..len].copy_from_slice(value.as_bytes());
+        Some(Self {
+            len: len as u8,
+            text,
+        })
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.text[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

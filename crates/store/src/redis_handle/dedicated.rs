@@ -19,7 +19,7 @@ use redis::aio::ConnectionLike;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use crate::redis_handle::{Redis, RedisConn, WaitFor};
+use super::{Redis, RedisConn, WaitFor};
 
 /// How long a purchase waits for a free dedicated connection before it gives up.
 pub const CHECKOUT_WAIT: Duration = Duration::from_secs(2);
