@@ -3,12 +3,13 @@
 //! a span (exported) or, as here with no exporter, by a request scope. Its own test binary:
 //! it installs the global subscriber, with the JSON lines the services write.
 
+/// The log writer the telemetry crate's own tests read back.
+#[path = "../../crates/telemetry/tests/common/mod.rs"]
+mod common;
 #[allow(dead_code)]
 #[path = "api/echo.rs"]
 mod echo;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use seckill_auth::mint_token;
@@ -16,34 +17,19 @@ use seckill_testkit::{JWT_SECRET, eventually};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
+use common::Captured;
 use echo::{closed_port_url, settings, spawn_gateway};
 
-/// The JSON lines written so far.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// The line whose message is `message`, once written, parsed.
-    async fn line(&self, message: &str) -> serde_json::Value {
-        eventually(message, Duration::from_secs(10), || async {
-            let text = String::from_utf8(self.0.lock().expect("lock").clone()).expect("utf-8");
-            text.lines()
-                .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("JSON"))
-                .find(|line| line["message"] == message)
-        })
-        .await
-    }
+/// The line whose message is `message`, once `captured` holds it, parsed.
+async fn logged(captured: &Captured, message: &str) -> serde_json::Value {
+    eventually(message, Duration::from_secs(10), || async {
+        captured
+            .text()
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("JSON"))
+            .find(|line| line["message"] == message)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -71,9 +57,7 @@ async fn a_line_about_a_request_carries_its_id_caller_and_trace() {
         .expect("request")
         .status();
     assert_eq!(status, 401);
-    let line = captured
-        .line("request refused: no valid bearer token")
-        .await;
+    let line = logged(&captured, "request refused: no valid bearer token").await;
     let trace_id = line["trace_id"].as_str().expect("a trace id");
     assert_eq!(trace_id.len(), 32, "{line}");
     let span = &line["span"];
@@ -102,7 +86,7 @@ async fn a_line_about_a_request_carries_its_id_caller_and_trace() {
         .expect("request")
         .status();
     assert_eq!(status, 503, "no replica took it");
-    let line = captured.line("upstream refused connection").await;
+    let line = logged(&captured, "upstream refused connection").await;
     assert_eq!(
         line["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
         "{line}"

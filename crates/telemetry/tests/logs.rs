@@ -122,9 +122,7 @@ fn a_line_carries_the_request_id_and_the_fields_recorded_after_the_span_was_made
 #[test]
 fn a_line_in_a_request_scope_reads_as_one_inside_its_span() {
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     let captured = captured(|| {
         let span = tracing::info_span!(
             "http",
@@ -154,11 +152,6 @@ fn a_line_in_a_request_scope_reads_as_one_inside_its_span() {
     });
     let lines = json_lines(&captured);
     assert_eq!(lines.len(), 3, "{lines:?}");
-    let without_time = |line: &serde_json::Value| {
-        let mut line = line.clone();
-        line.as_object_mut().expect("an object").remove("timestamp");
-        line
-    };
     assert_eq!(without_time(&lines[1]), without_time(&lines[0]));
     assert_eq!(lines[1]["trace_id"], trace);
     assert_eq!(lines[1]["span"]["user_id"], -42, "{}", lines[1]);
@@ -180,9 +173,7 @@ fn a_line_in_a_request_scope_reads_as_one_inside_its_span() {
 fn a_span_inside_a_request_scope_is_listed_under_it() {
     let trace = TraceParent::parse_str("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         .expect("valid");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     let lines = with_logs(|| {
         let outer = tracing::info_span!(
             "http",
@@ -202,11 +193,6 @@ fn a_span_inside_a_request_scope_is_listed_under_it() {
         }));
     });
     assert_eq!(lines.len(), 2, "{lines:?}");
-    let without_time = |line: &serde_json::Value| {
-        let mut line = line.clone();
-        line.as_object_mut().expect("an object").remove("timestamp");
-        line
-    };
     assert_eq!(without_time(&lines[1]), without_time(&lines[0]));
     assert_eq!(lines[1]["span"]["request_id"], "p-1");
     assert_eq!(lines[1]["spans"][0]["request_id"], "r-1");
@@ -219,9 +205,7 @@ fn a_span_inside_a_request_scope_is_listed_under_it() {
 fn a_step_without_a_span_carries_the_scoped_requests_trace() {
     let trace = TraceParent::parse_str("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
         .expect("valid");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     let scope = RequestScope::new("http").with_trace(trace);
     let carried = runtime
         .block_on(scope.run(async { seckill_telemetry::carried(&tracing::Span::none()) }))
@@ -230,4 +214,18 @@ fn a_step_without_a_span_carries_the_scoped_requests_trace() {
     assert_ne!(carried.traceparent.span_id, trace.span_id);
     assert_eq!(carried.traceparent.flags, 0, "the sampling decision kept");
     assert!(seckill_telemetry::carried(&tracing::Span::none()).is_none());
+}
+
+/// A runtime for a request scope's future (a task-local is set while a future is polled).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+}
+
+/// `line` without its timestamp: two lines of the same event, compared.
+fn without_time(line: &serde_json::Value) -> serde_json::Value {
+    let mut line = line.clone();
+    line.as_object_mut().expect("an object").remove("timestamp");
+    line
 }

@@ -116,13 +116,8 @@ impl AmqpProxy {
             severed: severed_tx,
         });
         let serving = shared.clone();
-        let acceptor = tokio::spawn(async move {
-            // The connection tasks live in this set, so aborting the acceptor ends them too.
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
-                connections.spawn(serve(client, server, serving.clone()));
-                while connections.try_join_next().is_some() {}
-            }
+        let acceptor = crate::accept_each(listener, move |client| {
+            serve(client, server, serving.clone())
         });
         Ok(Self {
             addr,

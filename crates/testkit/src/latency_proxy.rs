@@ -38,14 +38,8 @@ impl LatencyProxy {
         let addr = listener.local_addr()?;
         let delay_us = Arc::new(AtomicU64::new(0));
         let delay = delay_us.clone();
-        let acceptor = tokio::spawn(async move {
-            // The connection tasks live in this set, so aborting the acceptor ends them too.
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
-                connections.spawn(serve(client, server, delay.clone()));
-                while connections.try_join_next().is_some() {}
-            }
-        });
+        let acceptor =
+            crate::accept_each(listener, move |client| serve(client, server, delay.clone()));
         Ok(Self {
             addr,
             delay_us,

@@ -326,3 +326,23 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Accepts every connection to `listener` and serves each on a task of its own, until the
+/// returned task is aborted: the connection tasks live in its set, so they end with it (the
+/// test proxies' acceptor).
+pub(crate) fn accept_each<F, Fut>(
+    listener: tokio::net::TcpListener,
+    serve: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        while let Ok((client, _)) = listener.accept().await {
+            connections.spawn(serve(client));
+            while connections.try_join_next().is_some() {}
+        }
+    })
+}
