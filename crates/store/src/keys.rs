@@ -88,6 +88,31 @@ impl RedisKeys {
         format!("{}:reopened", self.ns)
     }
 
+    /// Hash of a product's waiting room (see the design's waiting-room section). seckill-api
+    /// writes its set-up — `mode` (`open`, `fifo`, `raffle`), `start_ms`, `end_ms`, `stock`,
+    /// `buckets` — from Postgres; the gateway's scripts keep its counters: `joined` (tickets
+    /// handed out), `cursor` (places below it are admitted), `advanced_ms`, `credit`,
+    /// `sold_out`. In the product's slot, so one script reads it with [`Self::product_state`].
+    pub fn room(&self, product_id: i64) -> String {
+        self.product(product_id, "room")
+    }
+
+    /// Hash user id → place in line (0-based) of the room's tickets: one per user.
+    pub fn room_tickets(&self, product_id: i64) -> String {
+        self.product(product_id, "room-tickets")
+    }
+
+    /// Sorted set of the room's admissions: member the cursor after one, score its unix ms.
+    pub fn room_admits(&self, product_id: i64) -> String {
+        self.product(product_id, "room-admits")
+    }
+
+    /// Sorted set of the admitted buyers whose purchase was accepted: member the user id,
+    /// score the place in line.
+    pub fn room_bought(&self, product_id: i64) -> String {
+        self.product(product_id, "room-bought")
+    }
+
     /// The lazy-load lock.
     pub fn load_lock(&self, product_id: i64) -> String {
         self.product(product_id, "load-lock")
@@ -167,7 +192,15 @@ mod tests {
         ] {
             assert!(key.starts_with("t1:{p9.b3}:"), "{key}");
         }
-        assert!(keys.product_state(9).starts_with("t1:{p9}:"));
+        for key in [
+            keys.product_state(9),
+            keys.room(9),
+            keys.room_tickets(9),
+            keys.room_admits(9),
+            keys.room_bought(9),
+        ] {
+            assert!(key.starts_with("t1:{p9}:"), "{key}");
+        }
         assert_eq!(
             keys.stock_of_outbox(&keys.outbox(9, 3)),
             Some(keys.stock(9, 3))
