@@ -274,6 +274,31 @@ impl TestApp {
             .expect("request")
     }
 
+    /// Waits until each part of the service that declares the topology has declared it: the
+    /// queue watch has read the dead-letter queue (it declares everything before reading),
+    /// and the consumer and the dead-letter recorder consume their queues (each declares
+    /// before consuming). A test that unbinds or deletes part of the topology does it after
+    /// this, or a part still starting puts back what the test took away.
+    pub async fn topology_declared(&self) {
+        let topology = self.ns.topology();
+        let watched = format!("queue=\"{}\"", topology.dead_letter_queue);
+        seckill_testkit::eventually(
+            "the topology declared by every part",
+            Duration::from_secs(20),
+            || async {
+                let text = self.get_as(1, "/metrics").await.text().await.ok()?;
+                text.lines()
+                    .any(|l| l.starts_with("amqp_queue_messages{") && l.contains(&watched))
+                    .then_some(())?;
+                for queue in [&topology.queue, &topology.dead_letter_queue] {
+                    (self.ns.queue_consumers(&self.channel, queue).await > 0).then_some(())?;
+                }
+                Some(())
+            },
+        )
+        .await;
+    }
+
     /// Dead letters anywhere: still in the dead-letter queue, or already parked in Postgres.
     pub async fn dead_letters(&self) -> i64 {
         let dlq = self.ns.topology().dead_letter_queue;

@@ -22,6 +22,7 @@ async fn a_dead_letter_that_cannot_reach_the_parking_lot_stays_noted_in_transit(
     // The dead-letter queue no longer takes what the dead-letter exchange routes: the copy
     // is refused, the original is rejected into the exchange and kept by its quorum queue
     // until a target confirms it — in flight, with no dead letter in Postgres.
+    app.topology_declared().await;
     let topology = app.ns.topology();
     app.channel
         .queue_unbind(

@@ -557,6 +557,7 @@ async fn a_redrive_no_queue_takes_fails_and_leaves_the_entry_pending() {
             .expect("(un)bind the order queue");
         }
     };
+    app.topology_declared().await;
     bind_order_queue(false).await;
     let refused = admin_post(&app, "redrive", json!({ "product_id": missing })).await;
     assert_eq!(refused.status(), 503);

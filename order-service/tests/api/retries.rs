@@ -143,6 +143,7 @@ async fn a_publisher_channel_closed_under_the_consumer_is_reopened_and_retries_r
     let product = app.product(5).await;
     // Publishing a retry to a missing exchange is a channel error: the broker closes the
     // service's confirm channel, while its consuming channel stays up.
+    app.topology_declared().await;
     let retry_exchange = app.ns.topology().retry_exchange;
     app.channel
         .exchange_delete(retry_exchange.as_str().into(), Default::default())
@@ -198,6 +199,7 @@ async fn a_retry_no_queue_takes_is_a_failed_publish_and_the_message_is_kept() {
     let product = app.product(5).await;
     // The tier's queue no longer takes what its exchange routes: a mandatory publish to it
     // comes back, confirmed as an ack with the message attached.
+    app.topology_declared().await;
     let topology = app.ns.topology();
     let tier = topology.retry_queue(100);
     app.channel
