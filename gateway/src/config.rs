@@ -237,6 +237,28 @@ pub struct Settings {
     /// through, unmetered) or `closed` (503 with `Retry-After: 1`; not 429: the client is
     /// not over its quota).
     pub rate_limit_redis_failure: RateLimitFailure,
+    /// Key the waiting room's tickets and passes are signed with (at least 16 bytes; the
+    /// same on every gateway replica); unset: derived from `internal_key`.
+    pub room_key: Option<Secret>,
+    /// How often each waiting room this gateway follows takes its admission step
+    /// (`room_tick_ms`): how soon a poll sees the cursor move or the sale sell out.
+    #[serde(rename = "room_tick_ms", with = "seckill_config::formats::millis")]
+    pub room_tick: Duration,
+    /// Buyers a waiting room admits per second at most: what the backends can take.
+    pub room_admit_per_sec: u32,
+    /// Admitted buyers allowed beyond the units left, for those who do not buy, in percent
+    /// of the units left (at least one).
+    pub room_margin_percent: u32,
+    /// How long an admitted buyer's pass admits (`room_pass_ttl_ms`).
+    #[serde(rename = "room_pass_ttl_ms", with = "seckill_config::formats::millis")]
+    pub room_pass_ttl: Duration,
+    /// After this long an admitted buyer who has not bought may be one who will not
+    /// (`room_no_show_ms`): only then does `room_margin_percent` admit others meanwhile.
+    #[serde(rename = "room_no_show_ms", with = "seckill_config::formats::millis")]
+    pub room_no_show: Duration,
+    /// Polls per second the waiting buyers of one room are paced to, all together: the
+    /// pause each is told grows with the crowd.
+    pub room_polls_per_sec: u32,
 }
 
 impl Default for Settings {
@@ -309,6 +331,13 @@ impl Default for Settings {
             rate_unverified_burst: 2000,
             rate_limit_ipv6_prefix: 64,
             rate_limit_redis_url: None,
+            room_key: None,
+            room_tick: Duration::from_millis(100),
+            room_admit_per_sec: 500,
+            room_margin_percent: 10,
+            room_pass_ttl: Duration::from_secs(60),
+            room_no_show: Duration::from_secs(10),
+            room_polls_per_sec: 20_000,
             rate_limit_redis_failure: RateLimitFailure::Open,
         }
     }
@@ -468,12 +497,58 @@ impl Validate for Settings {
         if self.admin_host.trim().is_empty() {
             return Err("admin_host must name an interface".into());
         }
+        self.validate_room()?;
         self.validate_connection_limits()?;
         Ok(())
     }
 }
 
 impl Settings {
+    fn validate_room(&self) -> Result<(), String> {
+        if self
+            .room_key
+            .as_ref()
+            .is_some_and(|k| k.expose().len() < 16)
+        {
+            return Err("room_key must be at least 16 bytes".into());
+        }
+        if self.room_tick.is_zero() || self.room_tick > Duration::from_secs(1) {
+            return Err("room_tick_ms must be 1 to 1000 (a sell-out is seen within it)".into());
+        }
+        if self.room_admit_per_sec == 0 || self.room_polls_per_sec == 0 {
+            return Err("room_admit_per_sec and room_polls_per_sec must be positive".into());
+        }
+        if self.room_margin_percent > 100 {
+            return Err("room_margin_percent must be at most 100".into());
+        }
+        if self.room_no_show.is_zero() || self.room_no_show > self.room_pass_ttl {
+            return Err("room_no_show_ms must be positive and at most room_pass_ttl_ms".into());
+        }
+        Ok(())
+    }
+
+    /// The key of the waiting room's tickets and passes.
+    pub fn room_key(&self) -> crate::room::RoomKey {
+        match &self.room_key {
+            Some(key) => crate::room::RoomKey::new(key.expose().as_bytes()),
+            None => crate::room::RoomKey::derived_from(self.internal_key.expose().as_bytes()),
+        }
+    }
+
+    /// The waiting room's settings.
+    pub fn room_settings(&self) -> crate::room::RoomSettings {
+        crate::room::RoomSettings {
+            tick: self.room_tick,
+            pacing: crate::room::Pacing {
+                admit_per_sec: self.room_admit_per_sec,
+                polls_per_sec: self.room_polls_per_sec,
+                pass_ttl_ms: i64::try_from(self.room_pass_ttl.as_millis()).unwrap_or(i64::MAX),
+            },
+            margin_percent: self.room_margin_percent,
+            no_show: self.room_no_show,
+        }
+    }
+
     fn validate_connection_limits(&self) -> Result<(), String> {
         if self.max_connections == 0 || self.max_connections_per_ip == 0 {
             return Err("max_connections and max_connections_per_ip must be positive".into());

@@ -39,6 +39,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod proxy;
 pub mod ratelimit;
+pub mod room;
 pub mod serve;
 pub mod sold_out;
 pub mod startup;

@@ -33,8 +33,26 @@ pub const UPSTREAM_RESOLUTIONS: &str = "gateway_upstream_resolutions_total";
 /// Addresses an upstream's host name resolved to, by `upstream`.
 pub const UPSTREAM_ADDRESSES: &str = "gateway_upstream_addresses";
 
+/// Tickets handed out or handed again by `POST /api/rooms/{id}/join`.
+pub const ROOM_JOINS: &str = "gateway_room_joins_total";
+/// Answers to joins and polls of a waiting room, by the buyer's `state`.
+pub const ROOM_POLLS: &str = "gateway_room_polls_total";
+/// Purchases of a queued sale refused, by `reason` (`no_pass`, `invalid_pass`,
+/// `pass_expired`).
+pub const ROOM_REFUSED: &str = "gateway_room_refused_total";
+/// Purchases with a pass that seckill-api accepted (`202`).
+pub const ROOM_BOUGHT: &str = "gateway_room_bought_total";
+/// Waiting-room steps and requests Redis did not answer.
+pub const ROOM_ERRORS: &str = "gateway_room_errors_total";
+/// Tickets handed out, by `product` (as of this gateway's last admission step).
+pub const ROOM_JOINED: &str = "gateway_room_joined";
+/// Places admitted, by `product`: its rate is the admission rate.
+pub const ROOM_ADMITTED: &str = "gateway_room_admitted";
+/// Admitted buyers whose pass is still good and who have not bought, by `product`.
+pub const ROOM_OUTSTANDING: &str = "gateway_room_admitted_not_bought";
+
 /// Every name above.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 23] = [
     AUTH_FAILURES,
     TOKEN_VERIFICATIONS,
     RATE_LIMITED,
@@ -50,6 +68,14 @@ pub const ALL: [&str; 15] = [
     UPSTREAM_EJECTIONS,
     UPSTREAM_RESOLUTIONS,
     UPSTREAM_ADDRESSES,
+    ROOM_JOINS,
+    ROOM_POLLS,
+    ROOM_REFUSED,
+    ROOM_BOUGHT,
+    ROOM_ERRORS,
+    ROOM_JOINED,
+    ROOM_ADMITTED,
+    ROOM_OUTSTANDING,
 ];
 
 #[cfg(test)]

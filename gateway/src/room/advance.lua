@@ -1,0 +1,84 @@
+-- One admission step of a product's waiting room, run by every gateway every tick: any
+-- number of gateways may run it, the clock (ARGV[1]) decides how far the cursor moves.
+-- KEYS[1] room hash, KEYS[2] admits (zset: member the cursor after an admission, score
+-- its ms), KEYS[3] bought (zset: member user id, score place)
+-- ARGV[1] now ms, ARGV[2] admissions per second, ARGV[3] margin percent,
+-- ARGV[4] pass lifetime ms, ARGV[5] ms after which an admitted buyer who has not bought
+-- counts as one who may not, ARGV[6] units left (read from the stock buckets just before),
+-- ARGV[7] return admissions after this ms
+-- Returns {mode, start, end, joined, cursor, sold out (0/1), floor, outstanding,
+-- admits...} where floor is the cursor before the first admission returned and admits
+-- are pairs (cursor after, ms).
+local room = KEYS[1]
+local f = redis.call('HMGET', room, 'mode', 'start_ms', 'end_ms', 'joined', 'cursor',
+  'advanced_ms', 'credit', 'settled')
+local mode = f[1] or ''
+local start_ms, end_ms = tonumber(f[2]), tonumber(f[3])
+if mode ~= 'fifo' or start_ms == nil or end_ms == nil then
+  return {mode, 0, 0, 0, 0, 0, 0, 0}
+end
+local now = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local margin_pct = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[4])
+local no_show = tonumber(ARGV[5])
+local remaining = tonumber(ARGV[6])
+local since = tonumber(ARGV[7])
+local joined = tonumber(f[4]) or 0
+local cursor = tonumber(f[5]) or 0
+local advanced = tonumber(f[6]) or now
+local credit = tonumber(f[7]) or 0
+local settled = tonumber(f[8]) or 0
+local admits = KEYS[2]
+
+-- The cursor as it stood `age` ms ago: the newest admission at or before then.
+local function cursor_before(age)
+  local older = redis.call('ZREVRANGEBYSCORE', admits, now - age, '-inf', 'LIMIT', 0, 1)
+  if older[1] then
+    return tonumber(older[1])
+  end
+  return settled
+end
+settled = math.max(settled, cursor_before(ttl))
+local assumed = math.max(settled, cursor_before(no_show))
+-- Admitted, not bought: all whose passes may still be used, and the recent ones.
+local bought_all = redis.call('ZCOUNT', KEYS[3], settled, '+inf')
+local bought_recent = redis.call('ZCOUNT', KEYS[3], assumed, '+inf')
+local outstanding = math.max(0, cursor - settled - bought_all)
+local recent = math.max(0, cursor - assumed - bought_recent)
+
+local sold_out = 0
+if remaining <= 0 then
+  sold_out = 1
+end
+local dt = math.max(0, math.min(now - advanced, 1000))
+if now < start_ms or now >= end_ms or sold_out == 1 then
+  credit = 0
+else
+  credit = math.min(credit + rate * dt / 1000, math.max(rate, 1))
+  local margin = math.max(1, math.floor(remaining * margin_pct / 100))
+  local room_for = math.min(remaining - recent, remaining + margin - outstanding)
+  local n = math.min(math.floor(credit), room_for, joined - cursor)
+  if n > 0 then
+    cursor = cursor + n
+    credit = credit - n
+    redis.call('ZADD', admits, now, cursor)
+    outstanding = outstanding + n
+  end
+end
+-- Keep what the oldest pass still needs, and a little more for gateways a tick behind.
+redis.call('ZREMRANGEBYSCORE', admits, '-inf', now - ttl - 10000)
+redis.call('HSET', room, 'cursor', cursor, 'advanced_ms', now, 'credit', credit,
+  'settled', settled, 'sold_out', sold_out)
+if cursor > 0 then
+  redis.call('PEXPIREAT', admits, end_ms + 86400000)
+end
+
+local reply = {mode, start_ms, end_ms, joined, cursor, sold_out, 0, outstanding}
+local newer = redis.call('ZRANGEBYSCORE', admits, '(' .. since, '+inf', 'WITHSCORES')
+local floor = redis.call('ZREVRANGEBYSCORE', admits, since, '-inf', 'LIMIT', 0, 1)
+reply[7] = tonumber(floor[1]) or settled
+for i = 1, #newer do
+  reply[8 + i] = tonumber(newer[i])
+end
+return reply

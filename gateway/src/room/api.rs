@@ -1,0 +1,111 @@
+//! The waiting room's routes in the API contract (`docs/openapi.json`): the gateway answers
+//! them itself ([`super::Rooms::respond`], [`super::Rooms::purchase`]); these functions only
+//! carry their descriptions.
+
+use seckill_http::ErrorBody;
+
+use super::view::State;
+
+/// The answer to a join or a poll.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct RoomAnswer {
+    /// The buyer's ticket: present on a join's answer; poll with it.
+    #[schema(example = "12.1700000000123.0f1e2d3c4b5a69788796a5b4c3d2e1f0")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
+    /// `waiting`, `admitted`, `expired` (admitted, the pass ran out unused), `sold_out` or
+    /// `closed`.
+    pub state: State,
+    /// The buyer's place in line, from 0.
+    pub place: u64,
+    /// Buyers ahead not admitted yet.
+    pub ahead: u64,
+    /// Estimated wait until admission, ms (0 unless waiting).
+    pub wait_ms: u64,
+    /// When to poll again, ms (also `Retry-After`, in seconds): the gateway paces polling.
+    pub poll_after_ms: u64,
+    /// The sale's start, unix ms.
+    pub starts_at_ms: i64,
+    /// When admitted: the buyer's own purchase path, `/api/seckill/{product_id}/{pass}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub purchase_path: Option<String>,
+    /// When admitted: until when the pass admits, unix ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pass_expires_at_ms: Option<i64>,
+}
+
+/// `POST /api/rooms/{product_id}/join`.
+#[utoipa::path(
+    post,
+    path = "/api/rooms/{product_id}/join",
+    operation_id = "join_waiting_room",
+    tag = "waiting room",
+    summary = "Join a sale's waiting room",
+    description = "One place per user per product: joining again returns the same place. \
+        The answer carries the signed ticket to poll with.",
+    params(("product_id" = i64, Path, description = "The product on sale.")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The ticket and the buyer's state.", body = RoomAnswer,
+            headers(("Retry-After" = String, description = "Seconds until the next poll."))),
+        (status = 404, description = "`no_waiting_room`: the product has no waiting room on.",
+            body = ErrorBody),
+        (status = 410, description = "`closed`: the sale has ended.", body = ErrorBody),
+    ),
+)]
+pub fn join() {}
+
+/// `GET /api/rooms/{product_id}/tickets/{ticket}`.
+#[utoipa::path(
+    get,
+    path = "/api/rooms/{product_id}/tickets/{ticket}",
+    operation_id = "poll_waiting_room",
+    tag = "waiting room",
+    summary = "A buyer's state in a waiting room",
+    description = "Answered from the gateway's memory of the room (no backend, no Redis). \
+        Poll again after `poll_after_ms`; when admitted, buy at `purchase_path`.",
+    params(
+        ("product_id" = i64, Path, description = "The product on sale."),
+        ("ticket" = String, Path, description = "The ticket the join answered."),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The buyer's state.", body = RoomAnswer,
+            headers(("Retry-After" = String, description = "Seconds until the next poll."))),
+        (status = 403, description = "`invalid_ticket`: not the caller's ticket for this sale.",
+            body = ErrorBody),
+        (status = 404, description = "`no_waiting_room`: the product has no waiting room on.",
+            body = ErrorBody),
+    ),
+)]
+pub fn poll() {}
+
+/// `POST /api/seckill/{product_id}/{pass}`.
+#[utoipa::path(
+    post,
+    path = "/api/seckill/{product_id}/{pass}",
+    operation_id = "purchase_with_pass",
+    tag = "purchases",
+    summary = "Buy one unit of a queued sale, admitted",
+    description = "The path an admitted poll gave (`purchase_path`): the gateway checks the \
+        pass and forwards the purchase; the answers are then the purchase's.",
+    params(
+        ("product_id" = i64, Path, description = "The product on sale."),
+        ("pass" = String, Path, description = "The pass from the admitted poll."),
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Retries with the same key get the first attempt's answer."),
+    ),
+    responses(
+        (status = 202, description = "Accepted and queued: the body of \
+            `POST /api/seckill/{product_id}`'s 202."),
+        (status = 400, description = "`invalid_request`: a malformed request.", body = ErrorBody),
+        (status = 403, description = "`invalid_pass`: not the caller's pass for this sale; \
+            `pass_expired`: join again.", body = ErrorBody),
+        (status = 404, description = "`product_not_found`.", body = ErrorBody),
+        (status = 409, description = "`already_purchased`.", body = ErrorBody),
+        (status = 410, description = "`sold_out`.", body = ErrorBody),
+        (status = 422, description = "`activity_not_active`: outside the sale window.",
+            body = ErrorBody),
+    ),
+)]
+pub fn purchase_with_pass() {}

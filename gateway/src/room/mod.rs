@@ -1,0 +1,711 @@
+//! The waiting room (`docs/DESIGN.md` §9): a queue in front of a product's sale, for the
+//! products that ask for one.
+//!
+//! - [`ticket`] — what the gateway signs: a buyer's place (ticket) and admission (pass);
+//! - [`view`] — one room as a gateway knows it, and a poll's answer from it;
+//! - [`api`] — the room's routes in the API contract;
+//! - here — the rooms a gateway follows: joining (`join.lua`), the admission step every
+//!   tick (`advance.lua`, with the units left read from the stock buckets), and what the
+//!   request path asks: [`Rooms::respond`] for the room's own routes, [`Rooms::purchase`]
+//!   for a purchase.
+//!
+//! A gateway learns a room when a buyer joins or polls it, presents a pass for it, or when
+//! seckill-api refuses a purchase of it `428` (the product's mode is in Postgres; the room's
+//! set-up in Redis is seckill-api's copy). The tick refreshes every room on seen in the last
+//! [`FORGET_AFTER`]; a product found without a room is asked again, when asked about, after
+//! [`RECHECK_OFF`], and forgotten after [`OFF_KEPT`] unasked. While no room is on, a
+//! purchase costs one atomic load here.
+//! A purchase of a product this gateway knows nothing about is forwarded as it is: seckill-api
+//! refuses it if its room is on.
+
+pub mod api;
+pub mod ticket;
+pub mod view;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::http::{Method, StatusCode};
+use bytes::Bytes;
+use redis::{RedisError, Script, Value};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use seckill_http1::{Response, with_date};
+use seckill_store::{Redis, RedisKeys};
+
+use crate::error;
+pub use ticket::{Holder, Pass, RoomKey, Ticket};
+pub use view::{Answer, Pacing, RoomView, State};
+
+/// A room nobody joined, polled or bought from for this long is no longer refreshed.
+pub const FORGET_AFTER: Duration = Duration::from_secs(60);
+/// A product found without a room is asked again after this long, when asked about.
+pub const RECHECK_OFF: Duration = Duration::from_secs(1);
+/// A room whose last refresh is older than this is not answered from (503).
+pub const STALE_AFTER: Duration = Duration::from_secs(3);
+/// A product found without a room is forgotten once nobody asked about it for this long.
+pub const OFF_KEPT: Duration = Duration::from_secs(5);
+
+/// The room settings.
+#[derive(Debug, Clone, Copy)]
+pub struct RoomSettings {
+    /// How often each followed room takes its admission step (`room_tick_ms`).
+    pub tick: Duration,
+    /// Admission and poll pacing.
+    pub pacing: Pacing,
+    /// Admitted buyers beyond the units left, for those who do not buy, in percent of the
+    /// units left (at least one) (`room_margin_percent`).
+    pub margin_percent: u32,
+    /// After this long an admitted buyer who has not bought counts among those who may not
+    /// (`room_no_show_ms`): only then does the margin admit others in their stead.
+    pub no_show: Duration,
+}
+
+/// What the gateway knows of one product's room.
+#[derive(Debug)]
+struct Slot {
+    /// The room, when it is on; `None`: no room (mode `open`, or no set-up).
+    view: Option<std::sync::Arc<RoomView>>,
+    /// The product's stock and buckets, read once (fixed at creation).
+    stock: Option<(i64, u16)>,
+    /// When the view was last refreshed.
+    refreshed: Instant,
+    /// When a buyer last asked about the room (ms since the gateway's start).
+    seen: AtomicU64,
+    /// Learnt from a `428`, to be refreshed on the next tick.
+    pending: bool,
+}
+
+/// The rooms this gateway follows.
+pub struct Rooms {
+    key: RoomKey,
+    redis: Redis,
+    keys: RedisKeys,
+    settings: RoomSettings,
+    slots: RwLock<HashMap<i64, Slot>>,
+    /// Slots whose room is on: none, and a purchase does not look.
+    on: AtomicUsize,
+    started: Instant,
+    join: Script,
+    advance: Script,
+}
+
+impl std::fmt::Debug for Rooms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rooms")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request to the room's own routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomRequest<'a> {
+    /// `POST /api/rooms/{product_id}/join`.
+    Join { product_id: i64 },
+    /// `GET /api/rooms/{product_id}/tickets/{ticket}`.
+    Poll { product_id: i64, ticket: &'a str },
+}
+
+/// The room's own routes live under this prefix.
+pub const PREFIX: &str = "/api/rooms/";
+
+/// Whether `path` is under the room's routes (answered by the gateway, `404` if none).
+pub fn is_room_path(path: &str) -> bool {
+    path.starts_with(PREFIX)
+}
+
+/// The room request `method` and `path` make, if any.
+pub fn room_request<'a>(method: &Method, path: &'a str) -> Option<RoomRequest<'a>> {
+    let rest = path.strip_prefix(PREFIX)?;
+    let (product, rest) = rest.split_once('/')?;
+    let product_id = product_id(product)?;
+    if rest == "join" && method == Method::POST {
+        return Some(RoomRequest::Join { product_id });
+    }
+    let ticket = rest.strip_prefix("tickets/")?;
+    (method == Method::GET && !ticket.is_empty() && !ticket.contains('/'))
+        .then_some(RoomRequest::Poll { product_id, ticket })
+}
+
+/// A product id as paths write it: 1–18 digits, no leading zero.
+pub fn product_id(text: &str) -> Option<i64> {
+    let plain = !text.is_empty()
+        && text.len() <= 18
+        && !text.starts_with('0')
+        && text.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| text.parse().ok()).flatten()
+}
+
+/// A purchase's path: `/api/seckill/{product_id}`, or with a pass
+/// `/api/seckill/{product_id}/{pass}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurchasePath<'a> {
+    /// The product, as written.
+    pub product: &'a str,
+    /// The pass segment, if any.
+    pub pass: Option<&'a str>,
+}
+
+impl<'a> PurchasePath<'a> {
+    /// The purchase `method` and `path` make, if they make one.
+    pub fn parse(method: &Method, path: &'a str) -> Option<Self> {
+        if method != Method::POST {
+            return None;
+        }
+        let rest = path.strip_prefix("/api/seckill/")?;
+        let (product, pass) = match rest.split_once('/') {
+            Some((product, pass)) => (product, Some(pass)),
+            None => (rest, None),
+        };
+        // `/api/seckill/{id}/result` is the result's route (GET), never a pass.
+        let usable = !product.is_empty()
+            && pass.is_none_or(|p| !p.is_empty() && !p.contains('/') && p != "result");
+        usable.then_some(Self { product, pass })
+    }
+}
+
+/// What becomes of a purchase: refused here, or forwarded to a target.
+#[derive(Debug)]
+pub enum Admission {
+    /// Answered here (`428`, `403`, `404`, `503`).
+    Refused(Response),
+    /// Forwarded to this target (the client's query dropped): with the admitted place
+    /// when it came with a pass.
+    Forward {
+        /// The target written to seckill-api.
+        target: String,
+        /// The product and place of a pass, recorded as bought on a `202`.
+        admitted: Option<(i64, u64)>,
+    },
+}
+
+/// The time now, unix ms.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Rooms {
+    /// Rooms signed with `key`, kept in `redis` under `namespace`.
+    pub fn new(key: RoomKey, redis: Redis, namespace: &str, settings: RoomSettings) -> Self {
+        Self {
+            key,
+            redis,
+            keys: RedisKeys::new(namespace),
+            settings,
+            slots: RwLock::new(HashMap::new()),
+            on: AtomicUsize::new(0),
+            started: Instant::now(),
+            join: Script::new(include_str!("join.lua")),
+            advance: Script::new(include_str!("advance.lua")),
+        }
+    }
+
+    fn since_start(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The room of `product_id` as last refreshed, if this gateway knows it is on.
+    fn known(&self, product_id: i64) -> Option<std::sync::Arc<RoomView>> {
+        if self.on.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.get(&product_id)?;
+        slot.seen.store(self.since_start(), Ordering::Relaxed);
+        slot.view.clone()
+    }
+
+    /// The room of `product_id`, refreshed from Redis first when this gateway does not know
+    /// it (or only knew it off a while ago); `Ok(None)`: no room on.
+    async fn room(&self, product_id: i64) -> Result<Option<std::sync::Arc<RoomView>>, RedisError> {
+        {
+            let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = slots.get(&product_id) {
+                slot.seen.store(self.since_start(), Ordering::Relaxed);
+                let fresh = match slot.view {
+                    Some(_) => slot.refreshed.elapsed() < STALE_AFTER,
+                    None => slot.refreshed.elapsed() < RECHECK_OFF,
+                };
+                if fresh {
+                    return Ok(slot.view.clone());
+                }
+            }
+        }
+        self.refresh(product_id).await
+    }
+
+    /// Learns that `product_id` has a room on (seckill-api refused a purchase of it `428`):
+    /// followed from the next tick.
+    pub fn learn(&self, product_id: i64) {
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.entry(product_id).or_insert_with(|| Slot {
+            view: None,
+            stock: None,
+            refreshed: Instant::now(),
+            seen: AtomicU64::new(self.since_start()),
+            pending: false,
+        });
+        slot.pending = true;
+    }
+
+    /// Runs the admission step of `product_id`'s room and keeps what it returns.
+    async fn refresh(
+        &self,
+        product_id: i64,
+    ) -> Result<Option<std::sync::Arc<RoomView>>, RedisError> {
+        let mut conn = self.redis.get().await?;
+        let known = {
+            let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+            slots.get(&product_id).map(|s| {
+                (
+                    s.stock,
+                    s.view.as_ref().and_then(|v| v.admits.back().map(|a| a.1)),
+                )
+            })
+        };
+        let (stock, last_admit) = known.unwrap_or((None, None));
+        let stock = match stock {
+            Some(stock) => Some(stock),
+            None => self.read_stock(&mut conn, product_id).await?,
+        };
+        let view = match stock {
+            None => None,
+            Some((stock, buckets)) => {
+                let remaining = self
+                    .remaining(&mut conn, product_id, stock, buckets)
+                    .await?;
+                let now = now_ms();
+                let ttl = self.settings.pacing.pass_ttl_ms;
+                let since = last_admit.unwrap_or(now - ttl - 10_000);
+                let no_show = i64::try_from(self.settings.no_show.as_millis()).unwrap_or(i64::MAX);
+                let reply: Vec<Value> = self
+                    .advance
+                    .key(self.keys.room(product_id))
+                    .key(self.keys.room_admits(product_id))
+                    .key(self.keys.room_bought(product_id))
+                    .arg(now)
+                    .arg(self.settings.pacing.admit_per_sec)
+                    .arg(self.settings.margin_percent)
+                    .arg(self.settings.pacing.pass_ttl_ms)
+                    .arg(no_show)
+                    .arg(remaining)
+                    .arg(since)
+                    .invoke_async(&mut conn)
+                    .await?;
+                let previous = self.known(product_id);
+                parse_advance(&reply, previous.as_deref(), now - ttl - 10_000)
+                    .map(std::sync::Arc::new)
+            }
+        };
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let seen = self.since_start();
+        let slot = slots.entry(product_id).or_insert_with(|| Slot {
+            view: None,
+            stock: None,
+            refreshed: Instant::now(),
+            seen: AtomicU64::new(seen),
+            pending: false,
+        });
+        match (slot.view.is_some(), view.is_some()) {
+            (false, true) => {
+                self.on.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.on.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        slot.pending = false;
+        slot.view = view.clone();
+        slot.stock = if view.is_some() { stock } else { None };
+        slot.refreshed = Instant::now();
+        if let Some(view) = &view {
+            let product = product_id.to_string();
+            metrics::gauge!(crate::metrics::ROOM_JOINED, "product" => product.clone())
+                .set(view.joined as f64);
+            metrics::gauge!(crate::metrics::ROOM_ADMITTED, "product" => product.clone())
+                .set(view.cursor as f64);
+            metrics::gauge!(crate::metrics::ROOM_OUTSTANDING, "product" => product)
+                .set(view.outstanding as f64);
+        }
+        Ok(view)
+    }
+
+    /// The room's stock and bucket count, if its room is on.
+    async fn read_stock(
+        &self,
+        conn: &mut seckill_store::RedisConn,
+        product_id: i64,
+    ) -> Result<Option<(i64, u16)>, RedisError> {
+        let (mode, stock, buckets): (Option<String>, Option<i64>, Option<u16>) =
+            redis::cmd("HMGET")
+                .arg(self.keys.room(product_id))
+                .arg("mode")
+                .arg("stock")
+                .arg("buckets")
+                .query_async(conn)
+                .await?;
+        Ok(match (mode.as_deref(), stock, buckets) {
+            (Some("fifo"), Some(stock), Some(buckets)) if buckets > 0 => Some((stock, buckets)),
+            _ => None,
+        })
+    }
+
+    /// Units of the product still on sale: each loaded bucket's `remaining`; a bucket not
+    /// loaded yet counts its share of the stock (none once the product was loaded whole).
+    async fn remaining(
+        &self,
+        conn: &mut seckill_store::RedisConn,
+        product_id: i64,
+        stock: i64,
+        buckets: u16,
+    ) -> Result<i64, RedisError> {
+        let loaded: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.product_state(product_id))
+            .arg("loaded")
+            .query_async(conn)
+            .await?;
+        let share = (stock + i64::from(buckets) - 1) / i64::from(buckets);
+        let reads = (0..buckets).map(|bucket| {
+            let key = self.keys.stock(product_id, bucket);
+            async move {
+                // A clone of a multiplexed connection: the reads go out together.
+                let mut conn = self.redis.get().await?;
+                redis::cmd("HGET")
+                    .arg(key)
+                    .arg("remaining")
+                    .query_async::<Option<i64>>(&mut conn)
+                    .await
+            }
+        });
+        let mut total = 0;
+        for remaining in futures_util::future::try_join_all(reads).await? {
+            total += match remaining {
+                Some(units) => units.max(0),
+                None if loaded.is_some() => 0,
+                None => share,
+            };
+        }
+        Ok(total.min(stock.max(0)).max(0))
+    }
+
+    /// Takes the admission step of every room followed, every tick, until `cancel`.
+    pub async fn run(self: std::sync::Arc<Self>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let now = self.since_start();
+            let due: Vec<i64> = {
+                let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+                slots.retain(|_, slot| {
+                    let kept = if slot.view.is_some() {
+                        FORGET_AFTER
+                    } else {
+                        OFF_KEPT
+                    };
+                    let unseen = now.saturating_sub(slot.seen.load(Ordering::Relaxed));
+                    let keep = slot.pending || u128::from(unseen) < kept.as_millis();
+                    if !keep && slot.view.is_some() {
+                        self.on.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    keep
+                });
+                slots
+                    .iter()
+                    .filter(|(_, slot)| slot.view.is_some() || slot.pending)
+                    .map(|(&id, _)| id)
+                    .collect()
+            };
+            for product_id in due {
+                if let Err(e) = self.refresh(product_id).await {
+                    metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
+                    tracing::warn!(product_id, error = %e, "waiting room step failed");
+                }
+            }
+        }
+    }
+
+    /// Answers a request to the room's own routes for `user_id`.
+    pub async fn respond(&self, request: RoomRequest<'_>, user_id: i64) -> Response {
+        match request {
+            RoomRequest::Join { product_id } => self.join(product_id, user_id).await,
+            RoomRequest::Poll { product_id, ticket } => {
+                self.poll(product_id, user_id, ticket).await
+            }
+        }
+    }
+
+    async fn join(&self, product_id: i64, user_id: i64) -> Response {
+        let joined = async {
+            let mut conn = self.redis.get().await?;
+            let reply: Vec<i64> = self
+                .join
+                .key(self.keys.room(product_id))
+                .key(self.keys.room_tickets(product_id))
+                .arg(user_id)
+                .arg(now_ms())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok::<_, RedisError>(reply)
+        }
+        .await;
+        let reply = match joined {
+            Ok(reply) => reply,
+            Err(e) => return redis_failed(&e),
+        };
+        match reply.as_slice() {
+            [1, place, joined_ms, start_ms, _end_ms] => {
+                let ticket = Ticket {
+                    place: u64::try_from(*place).unwrap_or(0),
+                    joined_ms: *joined_ms,
+                };
+                let holder = Holder {
+                    product_id,
+                    user_id,
+                    sale: *start_ms,
+                };
+                let room = match self.room(product_id).await {
+                    Ok(Some(room)) => room,
+                    Ok(None) => return no_room(),
+                    Err(e) => return redis_failed(&e),
+                };
+                metrics::counter!(crate::metrics::ROOM_JOINS).increment(1);
+                let text = self.key.ticket(holder, ticket);
+                self.answer(holder, &room, ticket.place, Some(text))
+            }
+            [-1, ..] => error::response(StatusCode::GONE, "closed", "the sale has ended"),
+            _ => no_room(),
+        }
+    }
+
+    async fn poll(&self, product_id: i64, user_id: i64, ticket: &str) -> Response {
+        let room = match self.room(product_id).await {
+            Ok(Some(room)) => room,
+            Ok(None) => return no_room(),
+            Err(e) => return redis_failed(&e),
+        };
+        let holder = Holder {
+            product_id,
+            user_id,
+            sale: room.start_ms,
+        };
+        let Some(ticket) = self.key.check_ticket(holder, ticket) else {
+            return error::response(
+                StatusCode::FORBIDDEN,
+                "invalid_ticket",
+                "this ticket is not yours for this sale",
+            );
+        };
+        self.answer(holder, &room, ticket.place, None)
+    }
+
+    /// The JSON answer for the holder of `place`.
+    fn answer(
+        &self,
+        holder: Holder,
+        room: &RoomView,
+        place: u64,
+        ticket: Option<String>,
+    ) -> Response {
+        let answer = room.answer(place, now_ms(), self.settings.pacing);
+        metrics::counter!(crate::metrics::ROOM_POLLS, "state" => answer.state.label()).increment(1);
+        let pass_text = answer.pass.map(|pass| self.key.pass(holder, pass));
+        let body = api::RoomAnswer {
+            ticket,
+            state: answer.state,
+            place: answer.place,
+            ahead: answer.ahead,
+            wait_ms: answer.wait_ms,
+            poll_after_ms: answer.poll_after_ms,
+            starts_at_ms: room.start_ms,
+            purchase_path: pass_text
+                .as_ref()
+                .map(|pass| format!("/api/seckill/{}/{pass}", holder.product_id)),
+            pass_expires_at_ms: answer.pass.map(|p| p.expires_ms),
+        };
+        let mut response = json(StatusCode::OK, &body);
+        if answer.poll_after_ms > 0 {
+            let seconds = answer.poll_after_ms.div_ceil(1000);
+            response.push_header(
+                b"retry-after",
+                itoa::Buffer::new().format(seconds).as_bytes(),
+            );
+        }
+        response.push_header(b"cache-control", b"no-store");
+        response
+    }
+
+    /// What becomes of `user_id`'s purchase of `path`'s product.
+    pub async fn purchase(&self, path: PurchasePath<'_>, user_id: i64) -> Admission {
+        let plain = |product: &str| Admission::Forward {
+            target: format!("/api/seckill/{product}"),
+            admitted: None,
+        };
+        let Some(pass) = path.pass else {
+            let on = product_id(path.product)
+                .and_then(|id| self.known(id))
+                .is_some_and(|room| now_ms() < room.end_ms);
+            if on {
+                metrics::counter!(crate::metrics::ROOM_REFUSED, "reason" => "no_pass").increment(1);
+                return Admission::Refused(admission_required(path.product));
+            }
+            return plain(path.product);
+        };
+        let Some(product_id) = product_id(path.product) else {
+            return Admission::Refused(error::response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route",
+            ));
+        };
+        let room = match self.room(product_id).await {
+            Ok(Some(room)) => room,
+            Ok(None) => return refused_pass("invalid_pass", "this sale has no waiting room"),
+            Err(e) => return Admission::Refused(redis_failed(&e)),
+        };
+        let holder = Holder {
+            product_id,
+            user_id,
+            sale: room.start_ms,
+        };
+        let Some(pass) = self.key.check_pass(holder, pass) else {
+            return refused_pass("invalid_pass", "this pass is not yours for this sale");
+        };
+        if now_ms() >= pass.expires_ms {
+            return refused_pass("pass_expired", "this pass has expired: join the room again");
+        }
+        Admission::Forward {
+            target: format!("/api/seckill/{product_id}?admitted={}", pass.place),
+            admitted: Some((product_id, pass.place)),
+        }
+    }
+
+    /// Notes that the admitted `place` of `user_id` bought (a `202`), so the admission
+    /// stops counting it among those who may still buy.
+    pub async fn bought(&self, product_id: i64, place: u64, user_id: i64) {
+        let recorded = async {
+            let mut conn = self.redis.get().await?;
+            redis::cmd("ZADD")
+                .arg(self.keys.room_bought(product_id))
+                .arg("NX")
+                .arg(place)
+                .arg(user_id)
+                .query_async::<i64>(&mut conn)
+                .await
+        }
+        .await;
+        match recorded {
+            Ok(_) => metrics::counter!(crate::metrics::ROOM_BOUGHT).increment(1),
+            Err(e) => {
+                metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
+                tracing::warn!(product_id, place, error = %e, "could not record a purchase with a pass");
+            }
+        }
+    }
+}
+
+/// The view `advance.lua` returned, the admissions it returned appended to those of
+/// `previous` newer than `keep_after` (unix ms); `None` when the room is not on.
+fn parse_advance(
+    reply: &[Value],
+    previous: Option<&RoomView>,
+    keep_after: i64,
+) -> Option<RoomView> {
+    let mode = match reply.first()? {
+        Value::BulkString(bytes) => bytes.as_slice(),
+        Value::SimpleString(text) => text.as_bytes(),
+        _ => return None,
+    };
+    if mode != b"fifo" {
+        return None;
+    }
+    let number = |at: usize| match reply.get(at) {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
+    };
+    let unsigned = |at: usize| number(at).and_then(|n| u64::try_from(n).ok());
+    // Kept from before: the admissions of `previous` newer than `keep_after`; the floor
+    // is then the cursor after the newest one dropped. With none kept, the script's floor
+    // (the cursor as of the newest admission `previous` had) is right.
+    let mut admits: VecDeque<(u64, i64)> = previous
+        .map(|p| {
+            p.admits
+                .iter()
+                .copied()
+                .filter(|&(_, at)| at > keep_after)
+                .collect()
+        })
+        .unwrap_or_default();
+    let floor = match previous {
+        Some(p) if !admits.is_empty() => p
+            .admits
+            .iter()
+            .rev()
+            .find(|&&(_, at)| at <= keep_after)
+            .map_or(p.floor, |&(cursor, _)| cursor),
+        _ => unsigned(6)?,
+    };
+    let mut at = 8;
+    while let (Some(cursor), Some(ms)) = (unsigned(at), number(at + 1)) {
+        if admits.back().is_none_or(|&(last, _)| cursor > last) {
+            admits.push_back((cursor, ms));
+        }
+        at += 2;
+    }
+    Some(RoomView {
+        start_ms: number(1)?,
+        end_ms: number(2)?,
+        joined: unsigned(3)?,
+        cursor: unsigned(4)?,
+        sold_out: number(5)? == 1,
+        floor,
+        outstanding: unsigned(7)?,
+        admits,
+    })
+}
+
+fn json(status: StatusCode, body: &impl Serialize) -> Response {
+    let mut response = Response::new(status);
+    response.push_header(b"content-type", b"application/json");
+    with_date(|date| response.push_header(b"date", date));
+    response.body = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
+    response
+}
+
+fn no_room() -> Response {
+    error::response(
+        StatusCode::NOT_FOUND,
+        "no_waiting_room",
+        "this product has no waiting room",
+    )
+}
+
+fn admission_required(product: &str) -> Response {
+    let message = format!("this sale has a waiting room: join it at /api/rooms/{product}/join");
+    error::response(
+        StatusCode::PRECONDITION_REQUIRED,
+        "admission_required",
+        &message,
+    )
+}
+
+fn refused_pass(code: &'static str, message: &str) -> Admission {
+    metrics::counter!(crate::metrics::ROOM_REFUSED, "reason" => code).increment(1);
+    Admission::Refused(error::response(StatusCode::FORBIDDEN, code, message))
+}
+
+fn redis_failed(e: &RedisError) -> Response {
+    metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
+    tracing::warn!(error = %e, "waiting room: Redis did not answer");
+    error::unavailable("the waiting room cannot answer right now, retry shortly")
+}
