@@ -39,12 +39,20 @@ pub const BEARER: &str = "bearer";
             JWT; `/admin/…` routes need one with the role `admin`.",
         license(name = "MIT OR Apache-2.0"),
     ),
-    paths(crate::ops::healthz, crate::ops::openapi_json),
+    paths(
+        crate::ops::healthz,
+        crate::ops::openapi_json,
+        crate::room::api::join,
+        crate::room::api::poll,
+        crate::room::api::purchase_with_pass,
+    ),
     tags(
         (name = "purchases", description = "Buying a unit and following its result."),
         (name = "products", description = "The catalogue."),
         (name = "orders", description = "The caller's own orders."),
         (name = "admin", description = "Operator routes (role `admin`)."),
+        (name = "waiting room", description = "A sale's queue: join, wait, get admitted \
+            (answered by the gateway)."),
         (name = "operations", description = "The gateway's own endpoints (no token)."),
     ),
 )]
@@ -70,7 +78,12 @@ pub fn document(backends: impl IntoIterator<Item = utoipa::openapi::OpenApi>) ->
         .get_or_insert_with(Components::default)
         .add_security_scheme(BEARER, SecurityScheme::Http(bearer));
     for (path, item) in api.paths.paths.iter_mut() {
-        let Some(route) = proxy::route(path) else {
+        // The room's routes go through the same steps as a forwarded request of a user.
+        let room = crate::room::is_room_path(path).then_some(proxy::Route {
+            service: proxy::Service::SeckillApi,
+            admin_only: false,
+        });
+        let Some(route) = proxy::route(path).or(room) else {
             continue;
         };
         for (method, operation) in operations(item) {
@@ -81,7 +94,11 @@ pub fn document(backends: impl IntoIterator<Item = utoipa::openapi::OpenApi>) ->
                     roles.iter().copied(),
                 )]);
             }
-            let purchase = is_purchase(&method, path);
+            let purchase = is_purchase(&method, path).then_some(if path.ends_with("{pass}") {
+                Purchase::WithPass
+            } else {
+                Purchase::Plain
+            });
             for (status, refusal) in gateway_refusals(route.admin_only, purchase) {
                 add_refusal(operation, status, refusal);
             }
@@ -95,7 +112,7 @@ pub fn document(backends: impl IntoIterator<Item = utoipa::openapi::OpenApi>) ->
 /// What the gateway may answer on a forwarded operation, by status: the codes and why.
 /// Each comes from `crate::pipeline` (the order a request goes through) and
 /// `crate::proxy::forward`.
-pub fn gateway_refusals(admin_only: bool, purchase: bool) -> Vec<(u16, Refusal)> {
+pub fn gateway_refusals(admin_only: bool, purchase: Option<Purchase>) -> Vec<(u16, Refusal)> {
     let mut refusals = vec![
         (
             400,
@@ -121,7 +138,7 @@ pub fn gateway_refusals(admin_only: bool, purchase: bool) -> Vec<(u16, Refusal)>
         ),
         (
             429,
-            Refusal::new(if purchase {
+            Refusal::new(if purchase.is_some() {
                 "`rate_limited`: over the caller's quota; `too_many_purchases`: this user has \
                  too many purchases under way"
             } else {
@@ -147,6 +164,20 @@ pub fn gateway_refusals(admin_only: bool, purchase: bool) -> Vec<(u16, Refusal)>
             Refusal::new("`gateway_timeout`: the request or the upstream took too long"),
         ),
     ];
+    match purchase {
+        Some(Purchase::Plain) => refusals.push((
+            428,
+            Refusal::new(
+                "`admission_required`: the product's waiting room is on; join it and buy \
+                 at the path the admitted poll gives",
+            ),
+        )),
+        Some(Purchase::WithPass) => refusals.push((
+            403,
+            Refusal::new("`invalid_pass`: not the caller's pass for this sale; `pass_expired`"),
+        )),
+        None => {}
+    }
     if admin_only {
         refusals.push((
             403,
@@ -158,6 +189,15 @@ pub fn gateway_refusals(admin_only: bool, purchase: bool) -> Vec<(u16, Refusal)>
     }
     refusals.sort_by_key(|(status, _)| *status);
     refusals
+}
+
+/// Which purchase an operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purchase {
+    /// `POST /api/seckill/{product_id}`.
+    Plain,
+    /// `POST /api/seckill/{product_id}/{pass}` (a waiting room's admitted buyer).
+    WithPass,
 }
 
 /// One of the gateway's own answers on a forwarded operation.

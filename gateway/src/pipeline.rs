@@ -56,6 +56,7 @@ use crate::client_ip::TrustedProxies;
 use crate::in_flight::{InFlight, Purchases};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
+use crate::room::{self, Admission, PurchasePath, Rooms};
 use crate::sold_out::{self, SoldOutEdge};
 use crate::{error, ops};
 
@@ -80,6 +81,8 @@ pub struct Pipeline {
     pub request_timeout: Duration,
     /// Products whose purchases are answered `410` here.
     pub sold_out: Arc<SoldOutEdge>,
+    /// The waiting rooms: their own routes, and the passes of their purchases.
+    pub rooms: Arc<Rooms>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -110,7 +113,11 @@ impl Handler for Pipeline {
         let started = Instant::now();
         let method = method_label(head.method());
         let route = proxy::route(head.path());
-        let label = route.map_or("unmatched", |r| r.service.name());
+        let label = match route {
+            Some(route) => route.service.name(),
+            None if room::is_room_path(head.path()) => "waiting-room",
+            None => "unmatched",
+        };
         let generated;
         let request_id = match head.value(Kind::RequestId) {
             Some(id) if is_usable_request_id(id) => id,
@@ -276,7 +283,17 @@ impl Pipeline {
             );
         }
         let Some(route) = route else {
-            return error::response(StatusCode::NOT_FOUND, "not_found", "no such route");
+            let head = incoming.head;
+            return match room::room_request(head.method(), head.path()) {
+                Some(request) => match caller {
+                    Ok(caller) => {
+                        seckill_telemetry::request_scope::record_i64("user_id", caller.user_id);
+                        self.rooms.respond(request, caller.user_id).await
+                    }
+                    Err(reason) => auth::unauthorized(reason),
+                },
+                None => error::response(StatusCode::NOT_FOUND, "not_found", "no such route"),
+            };
         };
         let caller = match caller {
             Ok(caller) => caller,
@@ -290,7 +307,17 @@ impl Pipeline {
         if let Err(e) = incoming.body().await {
             return proxy::refuse_body(e);
         }
-        let purchase = is_purchase(incoming.head.method(), incoming.head.path());
+        let purchase_path = PurchasePath::parse(incoming.head.method(), incoming.head.path());
+        let purchase = purchase_path.is_some();
+        // The purchase's target: its room's pass checked, the client's query dropped (the
+        // gateway's own `admitted` goes under the identity signature).
+        let (target, admitted) = match purchase_path {
+            Some(path) => match self.rooms.purchase(path, caller.user_id).await {
+                Admission::Refused(response) => return response,
+                Admission::Forward { target, admitted } => (Some(target), admitted),
+            },
+            None => (None, None),
+        };
         // A purchase with an Idempotency-Key may be the replay of one that bought: only the
         // replica knows its first answer.
         let product = purchase
@@ -327,10 +354,20 @@ impl Pipeline {
             incoming,
             request_id,
             trace,
+            target.as_deref(),
         )
         .await;
         if let Some(id) = product {
             self.sold_out.learn(id, &response, epoch);
+            if response.status == StatusCode::PRECONDITION_REQUIRED {
+                // Its room is on, and this gateway did not know.
+                self.rooms.learn(id);
+            }
+        }
+        if let Some((product_id, place)) = admitted
+            && response.status == StatusCode::ACCEPTED
+        {
+            self.rooms.bought(product_id, place, caller.user_id).await;
         }
         response
     }

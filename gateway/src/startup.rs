@@ -17,6 +17,7 @@ use crate::pipeline::Pipeline;
 use crate::proxy::upstream::Replica;
 use crate::proxy::{PoolSettings, ProxyState, Service, Upstreams};
 use crate::ratelimit::RateLimits;
+use crate::room::Rooms;
 use crate::serve;
 use crate::sold_out::SoldOutEdge;
 
@@ -90,6 +91,13 @@ impl Application {
             purchases: Purchases::new(settings.max_purchases_per_user),
             request_timeout: settings.request_timeout,
             sold_out: Arc::new(SoldOutEdge::new(settings.sold_out_ttl)),
+            rooms: Arc::new(Rooms::new(
+                settings.room_key(),
+                seckill_store::Redis::new(settings.redis_url.expose(), settings.redis_cluster, 2)
+                    .context("waiting room Redis")?,
+                &settings.namespace,
+                settings.room_settings(),
+            )),
         });
 
         let listener = TcpListener::bind((settings.host.as_str(), settings.port))
@@ -104,6 +112,7 @@ impl Application {
         let admin_addr = admin.local_addr()?;
         // Only now: a build that failed leaves no task behind.
         housekeeping.spawn_housekeeping(cancel.clone());
+        tokio::spawn(pipeline.rooms.clone().run(cancel.clone()));
         if pipeline.sold_out.enabled() {
             tokio::spawn(crate::sold_out::follow(
                 pipeline.sold_out.clone(),

@@ -32,6 +32,9 @@ use crate::client_ip::TrustedProxies;
 pub struct Forward<'a> {
     /// The client's head.
     pub head: &'a RequestHead,
+    /// The target written to the replica and signed: the client's, or the one the gateway
+    /// put in its place (a purchase's, `crate::room`).
+    pub target: &'a str,
     /// The body, read whole.
     pub body: &'a [u8],
     /// The socket peer.
@@ -55,7 +58,7 @@ impl Forward<'_> {
         let mut out = Vec::with_capacity(512 + self.body.len());
         out.extend_from_slice(head.method().as_str().as_bytes());
         out.push(b' ');
-        out.extend_from_slice(head.target().as_bytes());
+        out.extend_from_slice(self.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         header_line(&mut out, b"host", host);
         for (name, value) in head.end_to_end() {
@@ -82,7 +85,7 @@ impl Forward<'_> {
         // Bound to the request as written: the target and request id above, the body below.
         let facts = RequestFacts {
             method: head.method().as_str(),
-            target: head.target(),
+            target: self.target,
             request_id: std::str::from_utf8(self.request_id).unwrap_or(""),
             body: self.body,
         };
@@ -213,6 +216,7 @@ mod tests {
         let trace = start(&head);
         let forward = Forward {
             head: &head,
+            target: head.target(),
             body,
             peer: peer.parse().expect("peer"),
             trusted: &TrustedProxies::parse(trusted).expect("trusted"),

@@ -135,7 +135,7 @@ pub fn has_dot_segment(path: &str) -> bool {
 }
 
 /// Forwards an admitted request of `caller` to a replica of `service`, with identity
-/// re-signed: takes the body whole (413 beyond `max_body_bytes`; usually read already, see
+/// re-signed, to the client's target or to `target` in its place: takes the body whole (413 beyond `max_body_bytes`; usually read already, see
 /// `crate::pipeline`), tries the replicas in
 /// turn while nothing was sent, and responds with the replica's response or a JSON error.
 pub async fn forward(
@@ -145,6 +145,7 @@ pub async fn forward(
     incoming: &mut Incoming<'_>,
     request_id: &[u8],
     trace: &TraceContext,
+    target: Option<&str>,
 ) -> Response {
     let body = match incoming.body().await {
         Ok(body) => body,
@@ -153,6 +154,7 @@ pub async fn forward(
     let head = incoming.head;
     let forward = Forward {
         head,
+        target: target.unwrap_or(head.target()),
         body: &body,
         peer: incoming.peer,
         trusted: &state.trusted_proxies,

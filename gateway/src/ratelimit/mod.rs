@@ -218,12 +218,10 @@ impl RateLimits {
     }
 }
 
-/// Whether the request is a purchase: `POST /api/seckill/{id}`, and nothing below it.
+/// Whether the request is a purchase: `POST /api/seckill/{id}`, or with a waiting room's
+/// pass `POST /api/seckill/{id}/{pass}` ([`crate::room::PurchasePath`]).
 pub fn is_purchase(method: &Method, path: &str) -> bool {
-    method == Method::POST
-        && path
-            .strip_prefix("/api/seckill/")
-            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+    crate::room::PurchasePath::parse(method, path).is_some()
 }
 
 #[cfg(test)]
@@ -235,6 +233,12 @@ mod tests {
         assert!(is_purchase(&Method::POST, "/api/seckill/7"));
         assert!(!is_purchase(&Method::GET, "/api/seckill/7"));
         assert!(!is_purchase(&Method::POST, "/api/seckill/7/result"));
+        assert!(is_purchase(
+            &Method::POST,
+            "/api/seckill/7/3.1700000060000.00ff"
+        ));
+        assert!(!is_purchase(&Method::POST, "/api/seckill/7/3/4"));
+        assert!(!is_purchase(&Method::POST, "/api/seckill/7/"));
         assert!(!is_purchase(&Method::POST, "/api/seckill/"));
         assert!(!is_purchase(&Method::POST, "/api/orders/7"));
     }

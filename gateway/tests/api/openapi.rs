@@ -16,7 +16,10 @@ const REGENERATE: &str = "SECKILL_UPDATE_OPENAPI=1 cargo test -p gateway --test 
 /// breaker, the product edit) and the gateway's own two.
 const PUBLIC_OPERATIONS: &[(&str, &str)] = &[
     ("post", "/api/seckill/{product_id}"),
+    ("post", "/api/seckill/{product_id}/{pass}"),
     ("get", "/api/seckill/{product_id}/result"),
+    ("post", "/api/rooms/{product_id}/join"),
+    ("get", "/api/rooms/{product_id}/tickets/{ticket}"),
     ("get", "/api/products"),
     ("get", "/api/products/{product_id}"),
     ("get", "/api/orders"),
@@ -127,7 +130,11 @@ fn the_openapi_document_is_valid_3_1_and_names_every_public_route_with_its_refus
                 );
             }
         }
-        let Some(route) = gateway::proxy::route(path) else {
+        let room = gateway::room::is_room_path(path).then_some(gateway::proxy::Route {
+            service: gateway::proxy::Service::SeckillApi,
+            admin_only: false,
+        });
+        let Some(route) = gateway::proxy::route(path).or(room) else {
             assert!(
                 gateway::ops::is_ops(path),
                 "{path} is neither forwarded nor the gateway's"
@@ -163,6 +170,11 @@ fn the_openapi_document_is_valid_3_1_and_names_every_public_route_with_its_refus
     let purchase = &document["paths"]["/api/seckill/{product_id}"]["post"]["responses"];
     let too_many = purchase["429"]["description"].as_str().expect("429");
     assert!(too_many.contains("too_many_purchases"), "{too_many}");
+    let unadmitted = purchase["428"]["description"].as_str().expect("428");
+    assert!(unadmitted.contains("admission_required"), "{unadmitted}");
+    let with_pass = &document["paths"]["/api/seckill/{product_id}/{pass}"]["post"]["responses"];
+    let refused = with_pass["403"]["description"].as_str().expect("403");
+    assert!(refused.contains("pass_expired"), "{refused}");
 
     // The OpenAPI 3.1 meta-schema, checked by the reference validator (installed with the
     // suite's tools, scripts/tools.sh).
