@@ -100,7 +100,7 @@ pub fn poll() {}
             `POST /api/seckill/{product_id}`'s 202."),
         (status = 400, description = "`invalid_request`: a malformed request.", body = ErrorBody),
         (status = 403, description = "`invalid_pass`: not the caller's pass for this sale; \
-            `pass_expired`: join again.", body = ErrorBody),
+            `pass_expired`: the turn has passed.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
         (status = 409, description = "`already_purchased`.", body = ErrorBody),
         (status = 410, description = "`sold_out`.", body = ErrorBody),

@@ -582,7 +582,7 @@ impl Rooms {
             return refused_pass("invalid_pass", "this pass is not yours for this sale");
         };
         if now_ms() >= pass.expires_ms {
-            return refused_pass("pass_expired", "this pass has expired: join the room again");
+            return refused_pass("pass_expired", "this pass has expired: its turn has passed");
         }
         Admission::Forward {
             target: format!("/api/seckill/{product_id}?admitted={}", pass.place),
