@@ -10,6 +10,9 @@
 #   kubernetes-validate (PyPI)             checks the rendered Kubernetes manifests against the
 #                                          Kubernetes schemas (scripts/check-kubernetes.sh)
 #   cargo-nextest (crates.io)              runs the suite (scripts/test.sh, .config/nextest.toml)
+#   chromium (Debian's), node, npm         the sale page's browser test: scripts/browser/sale.mjs,
+#   playwright-core (npm, scripts/browser) run by gateway/tests/api/sale_page.rs; installed
+#                                          with `npm ci` from the lockfile, no browser download
 # Safe to run again: a tool already on PATH is left as it is. scripts/test.sh runs it first.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -25,6 +28,9 @@ have_compose() {
     docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1
 }
 have_compose || apt_pkgs+=(docker-compose)
+[[ -x /usr/bin/chromium ]] || apt_pkgs+=(chromium)
+command -v node >/dev/null 2>&1 || apt_pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || apt_pkgs+=(npm)
 if ((${#apt_pkgs[@]} > 0)); then
     apt_install "${apt_pkgs[@]}"
 fi
@@ -52,9 +58,21 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi
 
-for tool in wrk promtool k6 st; do
+# The browser test's driver, pinned by scripts/browser/package-lock.json; again whenever the
+# lockfile changed since the last install. Playwright's own browser download is never used:
+# the test runs Debian's /usr/bin/chromium.
+browser_dir="$(dirname "${BASH_SOURCE[0]}")/browser"
+installed_lock="$browser_dir/node_modules/.package-lock.json"
+if [[ ! -f "$installed_lock" || "$browser_dir/package-lock.json" -nt "$installed_lock" ]]; then
+    say "installing scripts/browser's npm packages (npm ci)"
+    (cd "$browser_dir" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+for tool in wrk promtool k6 st node; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still missing after installing it"
 done
 have_compose || die "docker compose (or docker-compose) is still missing after installing it"
 cargo nextest --version >/dev/null 2>&1 || die "cargo-nextest is still missing after installing it"
-say "tools: wrk, promtool, k6, schemathesis (st), docker compose and cargo-nextest ready"
+[[ -x /usr/bin/chromium ]] || die "chromium is still missing after installing it"
+[[ -d "$browser_dir/node_modules/playwright-core" ]] || die "playwright-core is still missing after npm ci"
+say "tools: wrk, promtool, k6, schemathesis (st), docker compose, cargo-nextest, chromium and playwright-core ready"

@@ -25,6 +25,8 @@
 //! - [`ratelimit`] — per-user / per-address GCRA quotas.
 //! - [`metrics`] — the names of the gateway's own metrics.
 //! - [`sold_out`] — a sold-out product's purchases answered here, until units come back.
+//! - [`room`] — the waiting rooms: tickets, admission, passes; [`sale_page`] — the buyer's
+//!   page (`/sale/{product_id}`), compiled in from `gateway/static/sale/`.
 //! - [`proxy`] — route table, upstream selection and ejection, request forwarding, the
 //!   upstream connection pool.
 
@@ -40,6 +42,7 @@ pub mod pipeline;
 pub mod proxy;
 pub mod ratelimit;
 pub mod room;
+pub mod sale_page;
 pub mod serve;
 pub mod sold_out;
 pub mod startup;

@@ -42,6 +42,8 @@ pub const BEARER: &str = "bearer";
     paths(
         crate::ops::healthz,
         crate::ops::openapi_json,
+        crate::sale_page::sale_page,
+        crate::sale_page::sale_page_asset,
         crate::room::api::join,
         crate::room::api::poll,
         crate::room::api::purchase_with_pass,
@@ -53,7 +55,8 @@ pub const BEARER: &str = "bearer";
         (name = "admin", description = "Operator routes (role `admin`)."),
         (name = "waiting room", description = "A sale's queue: join, wait, get admitted \
             (answered by the gateway)."),
-        (name = "operations", description = "The gateway's own endpoints (no token)."),
+        (name = "operations", description = "The gateway's own endpoints (no token): \
+            health, this document and the buyer's sale page."),
     ),
 )]
 struct GatewayApi;

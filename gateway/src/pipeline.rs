@@ -14,7 +14,8 @@
 //!    none (garbage tokens included), against the purchase quota or the default one (429);
 //! 5. **route** — 404 for a path no service owns (400 for one with dot segments, which a
 //!    backend could read differently), 401 without a valid token, 403 for a non-admin on an
-//!    admin route;
+//!    admin route; the gateway's own routes are answered here: the waiting rooms'
+//!    ([`crate::room`], a token needed) and the buyer's page ([`crate::sale_page`], none);
 //! 6. **body** — read whole, under the deadline (413, 400, 408), only now: a refused
 //!    request's body is never waited for;
 //! 7. **sold out** — a purchase of a product a replica just answered `410 sold_out` for is
@@ -58,7 +59,7 @@ use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 use crate::room::{self, Admission, PurchasePath, Rooms};
 use crate::sold_out::{self, SoldOutEdge};
-use crate::{error, ops};
+use crate::{error, ops, sale_page};
 
 /// Everything a request needs on its way through the gateway: the application's
 /// [`Handler`] for the HTTP/1.1 server.
@@ -116,6 +117,7 @@ impl Handler for Pipeline {
         let label = match route {
             Some(route) => route.service.name(),
             None if room::is_room_path(head.path()) => "waiting-room",
+            None if sale_page::is_page_path(head.path()) => "sale-page",
             None => "unmatched",
         };
         let generated;
@@ -284,6 +286,10 @@ impl Pipeline {
         }
         let Some(route) = route else {
             let head = incoming.head;
+            if sale_page::is_page_path(head.path()) {
+                // The buyer's page: no token needed, no body read.
+                return sale_page::respond(head.method(), head.path());
+            }
             return match room::room_request(head.method(), head.path()) {
                 Some(request) => match caller {
                     Ok(caller) => {

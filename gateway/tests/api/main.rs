@@ -24,6 +24,7 @@ mod overload;
 mod ratelimit;
 mod raw;
 mod runbook;
+mod sale_page;
 mod schemathesis;
 mod security;
 mod shared_ratelimit;

@@ -13,7 +13,7 @@ use crate::helpers::spawn_platform;
 const REGENERATE: &str = "SECKILL_UPDATE_OPENAPI=1 cargo test -p gateway --test api openapi";
 
 /// Every public operation: DESIGN.md §2's table, plus the routes it names by family (the
-/// breaker, the product edit) and the gateway's own two.
+/// breaker, the product edit) and the gateway's own: health, this document, the sale page.
 const PUBLIC_OPERATIONS: &[(&str, &str)] = &[
     ("post", "/api/seckill/{product_id}"),
     ("post", "/api/seckill/{product_id}/{pass}"),
@@ -39,6 +39,8 @@ const PUBLIC_OPERATIONS: &[(&str, &str)] = &[
     ("get", "/admin/dlq/audit"),
     ("get", "/healthz"),
     ("get", "/openapi.json"),
+    ("get", "/sale/{product_id}"),
+    ("get", "/sale/assets/{file}"),
 ];
 
 const METHODS: &[&str] = &[
@@ -136,7 +138,7 @@ fn the_openapi_document_is_valid_3_1_and_names_every_public_route_with_its_refus
         });
         let Some(route) = gateway::proxy::route(path).or(room) else {
             assert!(
-                gateway::ops::is_ops(path),
+                gateway::ops::is_ops(path) || gateway::sale_page::is_page_path(path),
                 "{path} is neither forwarded nor the gateway's"
             );
             assert!(operation.get("security").is_none(), "{path} needs no token");
