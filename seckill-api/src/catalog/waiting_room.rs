@@ -11,7 +11,8 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
 
-/// How buyers reach a product's sale.
+/// How buyers reach a product's sale: `open` (no queue, the default) or `fifo` (a waiting
+/// room admits them in order of arrival; DESIGN.md §9).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
 )]

@@ -105,8 +105,8 @@ pub async fn list(
     request_body = NewProduct,
     responses(
         (status = 201, description = "Created.", body = Product),
-        (status = 400, description = "`invalid_request`: malformed JSON or a broken rule (the \
-            message says which).", body = ErrorBody),
+        (status = 400, description = "`invalid_request`: malformed JSON (an unknown \
+            `waiting_room` among it) or a broken rule (the message says which).", body = ErrorBody),
         (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
@@ -146,8 +146,9 @@ pub async fn create(
     request_body = ProductChanges,
     responses(
         (status = 200, description = "The product as it is now.", body = Product),
-        (status = 400, description = "`invalid_request`: a bad id, malformed JSON, nothing to \
-            change, an unknown field (stock and buckets are fixed) or a broken rule.", body = ErrorBody),
+        (status = 400, description = "`invalid_request`: a bad id, malformed JSON (an unknown \
+            `waiting_room` among it), nothing to change, an unknown field (stock and buckets are \
+            fixed) or a broken rule.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
         (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
