@@ -307,16 +307,22 @@ async fn the_sync_writes_a_lost_room_again_but_not_an_ended_sales() {
         }),
     )
     .await);
+    // Each change listener hands the inserts to the sync too (which writes the ended sale's
+    // room as changed): both heard before the rooms are deleted.
+    seckill_testkit::eventually("both inserts heard", Duration::from_secs(10), || async {
+        (app.metric("seckill_product_changes_total").await >= 2.0).then_some(())
+    })
+    .await;
     let mut redis = app.ns.redis().await;
-    for key in [app.ns.keys().room(product), app.ns.keys().room(ended)] {
-        let () = redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut redis)
-            .await
-            .expect("del");
-    }
-    // Twice: the second time back, a whole round ran after the deletion of both.
+    // Twice: the second time back, a whole round ran after the second deletion of both.
     for _ in 0..2 {
+        for key in [app.ns.keys().room(product), app.ns.keys().room(ended)] {
+            let () = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut redis)
+                .await
+                .expect("del");
+        }
         let restored = seckill_testkit::eventually(
             "the room written again",
             Duration::from_secs(10),
@@ -327,11 +333,6 @@ async fn the_sync_writes_a_lost_room_again_but_not_an_ended_sales() {
         )
         .await;
         assert_eq!(restored["stock"], "3");
-        let () = redis::cmd("DEL")
-            .arg(app.ns.keys().room(product))
-            .query_async(&mut redis)
-            .await
-            .expect("del");
     }
     assert!(room(&app, ended).await.is_empty());
     app.shutdown().await;
@@ -342,8 +343,13 @@ async fn a_room_turned_off_on_one_replica_is_off_on_the_others() {
     let app = spawn_app().await;
     let other = spawn_app_in(app.ns.clone(), |_| {}).await;
     let product = id(&created(&app, json!({"waiting_room": "fifo"})).await);
-    // The other replica caches the product with its room on.
-    assert_eq!(other.purchase(product, 5).await.status(), 428);
+    // The other replica hears of the product, and caches it with its room on.
+    seckill_testkit::eventually(
+        "the room on the other replica",
+        Duration::from_secs(10),
+        || async { (other.purchase(product, 5).await.status() == 428).then_some(()) },
+    )
+    .await;
 
     assert_eq!(
         patch(&app, product, json!({"waiting_room": "open"}))
