@@ -26,6 +26,7 @@
 //!   every replica is of the product as changed. This is what turns a room off for good: the
 //!   rounds never write an `open` product again.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::Script;
@@ -131,28 +132,47 @@ impl RoomSync {
 
     /// Writes every room that is on every `every`, and each changed product as it comes,
     /// until `cancel`. A failed write (Postgres or Redis away) is logged; the next round
-    /// tries again.
+    /// tries again, the changed products whose write failed included (a room turned off is
+    /// in no round otherwise).
     pub async fn run(mut self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Changed products not written yet, the latest change of each.
+        let mut unwritten: BTreeMap<i64, Product> = BTreeMap::new();
         loop {
             let written = tokio::select! {
                 () = cancel.cancelled() => return,
-                Some(product) = self.changed.recv() => self
-                    .setup
-                    .write(&product)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| anyhow::Error::from(e).context(format!("room of product {}", product.id))),
+                Some(product) = self.changed.recv() => {
+                    unwritten.insert(product.id, product);
+                    self.write_changed(&mut unwritten).await
+                }
                 _ = tick.tick() => tokio::select! {
                     () = cancel.cancelled() => return,
-                    round = self.round() => round,
+                    round = async {
+                        // First: the round's own read is the fresher one.
+                        let changed = self.write_changed(&mut unwritten).await;
+                        let round = self.round().await;
+                        changed.and(round)
+                    } => round,
                 },
             };
             if let Err(e) = written {
                 tracing::warn!(error = format!("{e:#}"), "could not sync a waiting room");
             }
         }
+    }
+
+    /// Writes the changed products, keeping those whose write failed for the next round.
+    async fn write_changed(&self, unwritten: &mut BTreeMap<i64, Product>) -> anyhow::Result<()> {
+        let mut failed = None;
+        let products = std::mem::take(unwritten);
+        for (id, product) in products {
+            if let Err(e) = self.setup.write(&product).await {
+                failed = Some(anyhow::Error::from(e).context(format!("room of product {id}")));
+                unwritten.insert(id, product);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// One round: reads the products whose room is on, writes each (all of them, even after
