@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 mod input;
+mod waiting_room;
 
 use input::WINDOW_RULE;
 pub use input::{MAX_BUCKETS, NewProduct, ProductChanges};
+pub use waiting_room::WaitingRoom;
 
 use crate::bloom::ProductBloom;
 use crate::null_cache::NullCache;
@@ -40,6 +42,8 @@ pub struct Product {
     pub start_at: DateTime<Utc>,
     /// When the sale closes.
     pub end_at: DateTime<Utc>,
+    /// Whether buyers queue in a waiting room before they may buy (DESIGN.md §9).
+    pub waiting_room: WaitingRoom,
 }
 
 impl Product {
@@ -112,7 +116,7 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 /// The columns of [`Product`], as a literal so queries stay static strings.
 macro_rules! product_columns {
     () => {
-        "id, name, price_cents, stock_total, stock_buckets, start_at, end_at"
+        "id, name, price_cents, stock_total, stock_buckets, start_at, end_at, waiting_room"
     };
 }
 
@@ -200,6 +204,18 @@ impl Catalog {
         .await
     }
 
+    /// The products whose waiting room is on and whose sale has not ended, in one read: the
+    /// rooms whose set-up [`crate::room`] keeps in Redis.
+    pub async fn rooms_on(&self) -> Result<Vec<Product>, sqlx::Error> {
+        sqlx::query_as::<_, Product>(concat!(
+            "SELECT ",
+            product_columns!(),
+            " FROM products WHERE waiting_room <> 'open' AND end_at > now()"
+        ))
+        .fetch_all(&self.db)
+        .await
+    }
+
     /// Every product id, for rebuilding the bloom filter.
     pub async fn all_ids(&self) -> Result<Vec<i64>, sqlx::Error> {
         sqlx::query_scalar("SELECT id FROM products")
@@ -216,8 +232,8 @@ impl Catalog {
     ) -> Result<Product, sqlx::Error> {
         let product = sqlx::query_as::<_, Product>(concat!(
             "INSERT INTO products ",
-            "(name, price_cents, stock_total, stock_remaining, stock_buckets, start_at, end_at) ",
-            "VALUES ($1, $2, $3, $3, $6, $4, $5) RETURNING ",
+            "(name, price_cents, stock_total, stock_remaining, stock_buckets, start_at, end_at, ",
+            "waiting_room) VALUES ($1, $2, $3, $3, $6, $4, $5, $7) RETURNING ",
             product_columns!()
         ))
         .bind(new.name.trim())
@@ -226,6 +242,7 @@ impl Catalog {
         .bind(new.start_at)
         .bind(new.end_at)
         .bind(new.buckets.unwrap_or(default_buckets))
+        .bind(new.waiting_room.unwrap_or_default())
         .fetch_one(&self.db)
         .await?;
         self.publish(&product).await;
@@ -239,7 +256,8 @@ impl Catalog {
         let updated = sqlx::query_as::<_, Product>(concat!(
             "UPDATE products SET name = COALESCE($2, name), ",
             "price_cents = COALESCE($3, price_cents), ",
-            "start_at = COALESCE($4, start_at), end_at = COALESCE($5, end_at) ",
+            "start_at = COALESCE($4, start_at), end_at = COALESCE($5, end_at), ",
+            "waiting_room = COALESCE($6, waiting_room) ",
             "WHERE id = $1 AND COALESCE($5, end_at) > COALESCE($4, start_at) RETURNING ",
             product_columns!()
         ))
@@ -248,6 +266,7 @@ impl Catalog {
         .bind(changes.price_cents)
         .bind(changes.start_at)
         .bind(changes.end_at)
+        .bind(changes.waiting_room)
         .fetch_optional(&self.db)
         .await?;
         if let Some(product) = updated {

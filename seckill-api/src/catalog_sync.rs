@@ -4,7 +4,8 @@
 //! inserted or its catalogue columns change, from whichever replica (or `psql`) wrote it. Each
 //! replica listens: on `<id>` it adds the id to its bloom filter, drops its null-cache entry,
 //! re-reads the product into Moka and, when the sale window moved, updates the window of the
-//! loaded stock buckets in Redis (idempotent, so every replica doing it is harmless).
+//! loaded stock buckets in Redis (idempotent, so every replica doing it is harmless), and
+//! hands the product to the waiting rooms' sync ([`crate::room`]), which writes its room.
 //!
 //! Notifications are not queued for a listener that is away: whenever the listening
 //! connection is (re)established, the filter is rebuilt from `SELECT id FROM products` and
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use seckill_messaging::{Health, Supervised, Supervisor};
 
 use crate::catalog::{Catalog, Product};
+use crate::room;
 use crate::stock::StockEngine;
 
 /// The channel migration 0003's trigger notifies.
@@ -29,6 +31,8 @@ pub struct CatalogSync {
     listener: Option<PgListener>,
     catalog: Catalog,
     stock: StockEngine,
+    /// The waiting rooms' sync, which writes each changed product's room.
+    rooms: room::Changed,
 }
 
 impl std::fmt::Debug for CatalogSync {
@@ -42,16 +46,19 @@ impl std::fmt::Debug for CatalogSync {
 impl CatalogSync {
     /// Listens on [`CHANNEL`] and fills the bloom filter, so the catalog is complete before
     /// the first request. Uses its own connection (not one of the pool's), held for good.
+    /// Changed products go to `rooms` too.
     pub async fn start(
         database_url: &str,
         catalog: Catalog,
         stock: StockEngine,
+        rooms: room::Changed,
     ) -> anyhow::Result<Self> {
         let mut sync = Self {
             database_url: database_url.to_string(),
             listener: None,
             catalog,
             stock,
+            rooms,
         };
         sync.connect("start").await?;
         Ok(sync)
@@ -110,6 +117,9 @@ impl CatalogSync {
                 return;
             }
         };
+        // Read after the change committed: the room's last write on this replica is of this.
+        // (No receiver only once the application stops.)
+        let _ = self.rooms.send(product.clone());
         if self.catalog.bloom().over_capacity()
             && let Err(e) = self.resync("resize").await
         {

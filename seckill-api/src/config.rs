@@ -131,6 +131,12 @@ pub struct Settings {
         with = "seckill_config::formats::millis"
     )]
     pub sold_out_local_ttl: Duration,
+    /// How often every replica writes the set-up of the waiting rooms that are on (products
+    /// whose `waiting_room` is not `open` and whose sale has not ended) into Redis again, so
+    /// a Redis that lost a room has it back within this long (DESIGN.md §9). One `SELECT`
+    /// and one write per such room each time; at least 100.
+    #[serde(rename = "room_sync_ms", with = "seckill_config::formats::millis")]
+    pub room_sync: Duration,
 }
 
 impl Default for Settings {
@@ -162,6 +168,7 @@ impl Default for Settings {
             sweep_fence: Duration::from_millis(5_000),
             sweep_skew_margin: Duration::from_millis(10_000),
             sold_out_local_ttl: Duration::from_millis(500),
+            room_sync: Duration::from_millis(2_000),
         }
     }
 }
@@ -255,6 +262,9 @@ impl Validate for Settings {
                  may still be answered sold out)",
                 seckill_config::MAX_SOLD_OUT_MEMORY.as_millis()
             ));
+        }
+        if self.room_sync < Duration::from_millis(100) {
+            return Err("room_sync_ms must be at least 100".into());
         }
         if self.load_lock_ttl.is_zero() || self.load_lock_ttl >= self.load_wait {
             return Err("load_lock_ttl_ms must be positive and below load_wait_ms".into());

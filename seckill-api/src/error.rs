@@ -54,6 +54,13 @@ pub enum ApiError {
     /// 422: the `Idempotency-Key` was first used for another product.
     #[error("idempotency key reused")]
     IdempotencyKeyReused,
+    /// 428: the product has a waiting room, and the purchase did not come through the pass
+    /// it hands out (the gateway's admission).
+    #[error("admission required")]
+    AdmissionRequired {
+        /// The product, whose room the message names.
+        product_id: i64,
+    },
     /// 503: Redis lost this product's ledger; selling resumes once everything in flight has
     /// landed and the ledger is rebuilt from Postgres (see `crate::stock::fence`).
     #[error("ledger being rebuilt: {0}")]
@@ -130,6 +137,8 @@ impl From<seckill_store::ledger::LedgerError> for ApiError {
 impl ApiError {
     /// Status, stable code and client-facing message. Causes of 5xx stay in the logs.
     pub fn parts(&self) -> (StatusCode, &'static str, String) {
+        // The one message that names something: the room to join.
+        let join;
         let (status, code, message) = match self {
             Self::InvalidRequest(message) => {
                 (StatusCode::BAD_REQUEST, "invalid_request", message.as_str())
@@ -160,6 +169,16 @@ impl ApiError {
                 "idempotency_key_reused",
                 "this Idempotency-Key was used for another product",
             ),
+            Self::AdmissionRequired { product_id } => {
+                join = format!(
+                    "this sale has a waiting room: join it at /api/rooms/{product_id}/join"
+                );
+                (
+                    StatusCode::PRECONDITION_REQUIRED,
+                    "admission_required",
+                    join.as_str(),
+                )
+            }
             Self::LedgerRebuilding(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ledger_rebuilding",

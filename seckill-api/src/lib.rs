@@ -24,6 +24,7 @@
 //!   `age` module reports the oldest outbox entry's age.
 //! - [`idempotency`] — `Idempotency-Key` replays.
 //! - [`sold_out`] — the products this replica remembers sold out, until units come back.
+//! - [`room`] — the waiting rooms' set-up, written into Redis for the gateway.
 //! - [`http`] — the HTTP API: the router, the state its handlers share, the handlers;
 //!   [`error`]: the one error type they return.
 //! - `failpoints` (with the `failpoints` feature) — the errors its failpoints return
@@ -42,6 +43,7 @@ pub mod metrics;
 pub mod null_cache;
 pub mod publisher;
 pub mod relay;
+pub mod room;
 pub mod sold_out;
 pub mod startup;
 pub mod stock;

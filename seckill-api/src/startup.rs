@@ -1,5 +1,6 @@
-//! Building and running seckill-api: connections, the HTTP server and the outbox relay,
-//! all under one cancellation token.
+//! Building and running seckill-api: connections, the HTTP server, the outbox relay and
+//! the other background tasks (the waiting rooms' sync among them), all under one
+//! cancellation token.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -25,6 +26,7 @@ use crate::idempotency::Idempotency;
 use crate::null_cache::NullCache;
 use crate::publisher::OrderPublisher;
 use crate::relay::{OutboxAge, Relay, RelayHints};
+use crate::room::{RoomSetup, RoomSync};
 use crate::sold_out::SoldOutMemory;
 use crate::stock::fence::Fence;
 use crate::stock::{StockEngine, Timings};
@@ -39,6 +41,8 @@ pub struct Application {
     outbox_age: OutboxAge,
     publisher: Option<OrderPublisher>,
     catalog_sync: CatalogSync,
+    /// Writes the waiting rooms' set-up into Redis.
+    room_sync: RoomSync,
     /// Lowers the local sold-out flags when units go back on sale.
     reopened: Reopened,
     cancel: CancellationToken,
@@ -95,6 +99,7 @@ impl Application {
         });
 
         let sold_out = SoldOutMemory::new(settings.sold_out_local_ttl);
+        let rooms = RoomSetup::new(redis.clone(), keys.clone());
         let state = AppState::new(Shared {
             catalog: Catalog::new(
                 db.clone(),
@@ -125,6 +130,7 @@ impl Application {
             ))
             .with_wait(settings.redis_wait(), settings.redis_wait_connections)?,
             idempotency: Idempotency::new(redis.clone(), keys.clone()),
+            rooms: rooms.clone(),
             redis: redis.clone(),
             keys: keys.clone(),
             identity: IdentityVerifier::new(
@@ -137,12 +143,15 @@ impl Application {
             publisher: publisher.clone(),
             default_buckets: settings.stock_buckets,
         });
+        let (room_sync, room_changes) =
+            RoomSync::new(state.catalog.clone(), rooms, settings.room_sync);
         // Fills the bloom filter before the port is bound: an empty one would answer 404 to
         // every product.
         let catalog_sync = CatalogSync::start(
             settings.backend.database_url.expose(),
             state.catalog.clone(),
             state.stock.clone(),
+            room_changes,
         )
         .await?;
         let mut probes = readiness_probes(db.clone(), redis.clone(), broker_connected.clone());
@@ -202,6 +211,7 @@ impl Application {
             outbox_age,
             publisher,
             catalog_sync,
+            room_sync,
             reopened,
             cancel: CancellationToken::new(),
         })
@@ -235,6 +245,8 @@ impl Application {
         if let Some(publisher) = self.publisher {
             tokio::spawn(publisher.run(cancel.clone()));
         }
+        // Only idempotent writes: stopped with the token, nothing to finish.
+        tokio::spawn(self.room_sync.run(cancel.clone()));
         let catalog_sync = tokio::spawn(self.catalog_sync.run(cancel.clone()));
         tracing::info!(port = self.port, "seckill-api listening");
         let served = seckill_http::shutdown::serve(self.listener, self.router, cancel).await;

@@ -108,6 +108,7 @@ pub const SETTINGS: &[(&str, &[&str])] = &[
         "relay_batch",
         "relay_reclaim_idle_ms",
         "require_durable_redis",
+        "room_sync_ms",
         "sold_out_local_ttl_ms",
         "startup_patience_secs",
         "stock_buckets",

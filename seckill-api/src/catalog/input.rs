@@ -3,6 +3,8 @@
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use super::WaitingRoom;
+
 /// What an admin sends to create a product.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct NewProduct {
@@ -23,6 +25,9 @@ pub struct NewProduct {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1024)]
     pub buckets: Option<i16>,
+    /// Whether buyers queue before they may buy (DESIGN.md §9); `open` (no queue) when absent.
+    #[serde(default)]
+    pub waiting_room: Option<WaitingRoom>,
 }
 
 /// The most buckets a product may have.
@@ -63,6 +68,8 @@ pub struct ProductChanges {
     pub start_at: Option<DateTime<Utc>>,
     /// New closing time; after the (new or current) `start_at`.
     pub end_at: Option<DateTime<Utc>>,
+    /// New waiting-room mode (DESIGN.md §9); the purchases that follow obey it.
+    pub waiting_room: Option<WaitingRoom>,
 }
 
 impl ProductChanges {
@@ -73,8 +80,12 @@ impl ProductChanges {
             && self.price_cents.is_none()
             && self.start_at.is_none()
             && self.end_at.is_none()
+            && self.waiting_room.is_none()
         {
-            return Err("nothing to change: send name, price_cents, start_at or end_at".into());
+            return Err(
+                "nothing to change: send name, price_cents, start_at, end_at or waiting_room"
+                    .into(),
+            );
         }
         if let Some(name) = &self.name {
             check_name(name)?;

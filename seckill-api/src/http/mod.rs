@@ -24,6 +24,7 @@ use crate::catalog::Catalog;
 use crate::idempotency::Idempotency;
 use crate::publisher::OrderPublisher;
 use crate::relay::RelayHints;
+use crate::room::RoomSetup;
 use crate::sold_out::SoldOutMemory;
 use crate::stock::StockEngine;
 
@@ -65,6 +66,8 @@ pub struct Shared {
     pub sold_out: SoldOutMemory,
     /// `Idempotency-Key` records.
     pub idempotency: Idempotency,
+    /// Writes a product's waiting room into Redis after an admin's create or change.
+    pub rooms: RoomSetup,
     /// Tells the outbox relay which stream an accepted purchase went to.
     pub relay_hints: Arc<RelayHints>,
     /// Publishes accepted purchases before they are answered; `None`: the relay does.

@@ -93,7 +93,9 @@ pub async fn list(
     Ok(Json(views))
 }
 
-/// `POST /admin/products`: creates a product; its stock loads lazily on first purchase.
+/// `POST /admin/products`: creates a product; its stock loads lazily on first purchase. A
+/// product with a waiting room has the room's set-up written into Redis before the answer
+/// (or by the rooms' sync soon after, when Redis fails here).
 #[utoipa::path(
     post,
     path = "/admin/products",
@@ -103,8 +105,8 @@ pub async fn list(
     request_body = NewProduct,
     responses(
         (status = 201, description = "Created.", body = Product),
-        (status = 400, description = "`invalid_request`: malformed JSON or a broken rule (the \
-            message says which).", body = ErrorBody),
+        (status = 400, description = "`invalid_request`: malformed JSON (an unknown \
+            `waiting_room` among it) or a broken rule (the message says which).", body = ErrorBody),
         (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait."))),
@@ -119,29 +121,34 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Product>), ApiError> {
     new.validate().map_err(ApiError::InvalidRequest)?;
     let product = state.catalog.create(&new, state.default_buckets).await?;
+    state.rooms.write_after_edit(&product).await;
     tracing::info!(
         product_id = product.id,
         stock = product.stock_total,
+        waiting_room = %product.waiting_room,
         "product created"
     );
     Ok((StatusCode::CREATED, Json(product)))
 }
 
-/// `PATCH /admin/products/{id}`: changes the name, price or sale window. Every replica drops
-/// its cached copy (through the update trigger); the loaded stock buckets get the new window
-/// here, so the answer means purchases already follow it.
+/// `PATCH /admin/products/{id}`: changes the name, price, sale window or waiting-room mode.
+/// Every replica drops its cached copy (through the update trigger); the loaded stock
+/// buckets get the new window here, so the answer means purchases already follow it. The
+/// waiting room's set-up in Redis is rewritten here too (a failure is left to the rooms'
+/// sync, see `crate::room`).
 #[utoipa::path(
     patch,
     path = "/admin/products/{product_id}",
     operation_id = "update_product",
     tag = "admin",
-    summary = "Change a product's name, price or sale window",
+    summary = "Change a product's name, price, sale window or waiting room",
     params(("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1)),
     request_body = ProductChanges,
     responses(
         (status = 200, description = "The product as it is now.", body = Product),
-        (status = 400, description = "`invalid_request`: a bad id, malformed JSON, nothing to \
-            change, an unknown field (stock and buckets are fixed) or a broken rule.", body = ErrorBody),
+        (status = 400, description = "`invalid_request`: a bad id, malformed JSON (an unknown \
+            `waiting_room` among it), nothing to change, an unknown field (stock and buckets are \
+            fixed) or a broken rule.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
         (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` (with `Retry-After`).", body = ErrorBody,
@@ -162,6 +169,7 @@ pub async fn update(
         Edit::NotFound => return Err(ApiError::ProductNotFound),
         Edit::Rejected(reason) => return Err(ApiError::InvalidRequest(reason)),
     };
+    state.rooms.write_after_edit(&product).await;
     // Postgres already holds the change, so a failure here is a 503 the admin retries (the
     // same PATCH again is harmless); the other replicas' change listeners apply it too.
     state.stock.update_window(&product).await?;
@@ -169,6 +177,7 @@ pub async fn update(
         start_at = %product.start_at,
         end_at = %product.end_at,
         price_cents = product.price_cents,
+        waiting_room = %product.waiting_room,
         "product changed"
     );
     Ok(Json(product))

@@ -5,11 +5,11 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use seckill_auth::Identity;
-use seckill_http::{ErrorBody, PathId};
+use seckill_http::{ErrorBody, PathId, QueryParams};
 use seckill_messaging::{OrderMessage, TraceHeaders};
 use seckill_store::PurchaseResult;
 use seckill_telemetry::request_scope::{self, record_str, step_span};
@@ -38,8 +38,18 @@ pub struct Accepted {
     status: &'static str,
 }
 
-/// Decides a purchase: window, sold-out flag, then the atomic Redis step. With an
-/// `Idempotency-Key`, a repeated request gets the first answer back (see `idempotency`).
+/// The purchase's query: what the gateway adds, under its identity signature, so a client
+/// cannot set it (DESIGN.md §9).
+#[derive(Debug, Default, Deserialize)]
+pub struct PurchaseQuery {
+    /// The buyer's place in the product's waiting room, added by the gateway once it checked
+    /// the buyer's pass: a purchase of a product whose room is on needs it.
+    admitted: Option<u64>,
+}
+
+/// Decides a purchase: waiting room, window, sold-out flag, then the atomic Redis step.
+/// With an `Idempotency-Key`, a repeated request gets the first answer back (see
+/// `idempotency`).
 #[utoipa::path(
     post,
     path = "/api/seckill/{product_id}",
@@ -49,7 +59,9 @@ pub struct Accepted {
     description = "One unit per user and product. `202` means the purchase is decided and \
         durable; its order is written asynchronously (see the result route). With an \
         `Idempotency-Key`, a repeated request gets the first answer back (with \
-        `Idempotent-Replayed: true`), whatever its status was.",
+        `Idempotent-Replayed: true`), whatever its status was. A product with a waiting room \
+        (`waiting_room` not `open`) is bought through the pass its room hands out, which the \
+        gateway checks: any other purchase of it is refused with `428`.",
     params(
         ("product_id" = i64, Path, description = "The product's id (a positive integer).", minimum = 1),
         ("Idempotency-Key" = Option<String>, Header, description = "1-128 visible ASCII characters; \
@@ -58,8 +70,8 @@ pub struct Accepted {
     responses(
         (status = 202, description = "Accepted and queued.", body = Accepted,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replayed answer."))),
-        (status = 400, description = "`invalid_request`: the id is not a positive integer or the \
-            Idempotency-Key is malformed.", body = ErrorBody),
+        (status = 400, description = "`invalid_request`: the id is not a positive integer, the \
+            Idempotency-Key is malformed or the gateway's admission is malformed.", body = ErrorBody),
         (status = 404, description = "`product_not_found`.", body = ErrorBody),
         (status = 409, description = "`already_purchased`: this user holds a unit already; \
             `request_in_progress`: the first request with this Idempotency-Key is not finished.",
@@ -67,6 +79,9 @@ pub struct Accepted {
         (status = 410, description = "`sold_out`.", body = ErrorBody),
         (status = 422, description = "`activity_not_active`: outside the sale window; \
             `idempotency_key_reused`: the key was first used for another product.", body = ErrorBody),
+        (status = 428, description = "`admission_required`: the product has a waiting room and \
+            the purchase did not come through its pass: join the room at \
+            `/api/rooms/{product_id}/join`.", body = ErrorBody),
         (status = 500, description = "`internal`: a bug or a broken invariant (its cause is logged, never shown).", body = ErrorBody),
         (status = 503, description = "`unavailable` or `ledger_rebuilding` (with `Retry-After`).",
             body = ErrorBody, headers(("Retry-After" = String, description = "Seconds to wait."))),
@@ -77,13 +92,21 @@ pub async fn purchase(
     State(state): State<AppState>,
     identity: Identity,
     PathId(product_id): PathId,
+    QueryParams(query): QueryParams<PurchaseQuery>,
     headers: HeaderMap,
 ) -> Response {
     let span = step_span(
         &[("product_id", product_id), ("user_id", identity.user_id)],
-        || tracing::info_span!("purchase", product_id, user_id = identity.user_id),
+        || {
+            tracing::info_span!(
+                "purchase",
+                product_id,
+                user_id = identity.user_id,
+                admitted = tracing::field::Empty
+            )
+        },
     );
-    purchase_in(state, identity, product_id, headers)
+    purchase_in(state, identity, product_id, query.admitted, headers)
         .instrument(span)
         .await
 }
@@ -93,8 +116,17 @@ async fn purchase_in(
     state: AppState,
     identity: Identity,
     product_id: i64,
+    admitted: Option<u64>,
     headers: HeaderMap,
 ) -> Response {
+    if let Some(place) = admitted {
+        request_scope::record_i64("admitted", i64::try_from(place).unwrap_or(i64::MAX));
+    }
+    // Before the Idempotency-Key is claimed: a refusal for want of admission is no answer to
+    // pin to the key, the same key may buy once its buyer is admitted.
+    if let Err(e) = check_admission(&state, product_id, admitted).await {
+        return e.into_response();
+    }
     let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
         let request_id = Uuid::now_v7();
         return respond(run(&state, &identity, product_id, &headers, request_id).await);
@@ -143,6 +175,29 @@ async fn purchase_in(
         tracing::warn!(error = %e, "could not store the idempotent answer");
     }
     respond(outcome)
+}
+
+/// Refuses a purchase of a product whose waiting room is on unless the gateway admitted its
+/// buyer, from the product as the catalog holds it (Moka, else Postgres), so even a gateway
+/// that lost its room's state cannot let one through. An unknown product passes: the
+/// purchase answers it (`404`) as any other. An admission on a product without a room is
+/// no obstacle: it is bought like any other.
+async fn check_admission(
+    state: &AppState,
+    product_id: i64,
+    admitted: Option<u64>,
+) -> Result<(), ApiError> {
+    if admitted.is_some() {
+        return Ok(());
+    }
+    match state.catalog.get(product_id).await? {
+        Some(product) if product.waiting_room.is_on() => {
+            metrics::counter!(crate::metrics::PURCHASES, "outcome" => "admission_required")
+                .increment(1);
+            Err(ApiError::AdmissionRequired { product_id })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Answers a key whose earlier request ran purchase `earlier` and left no answer: that

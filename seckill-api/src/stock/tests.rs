@@ -42,6 +42,7 @@ async fn one_unit_sold(ns: &TestNamespace) -> (StockEngine, Product, i64) {
         stock_buckets: 1,
         start_at: now - chrono::Duration::minutes(1),
         end_at: now + chrono::Duration::hours(1),
+        waiting_room: crate::catalog::WaitingRoom::Open,
     };
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO products (name, price_cents, stock_total, stock_remaining, start_at, end_at) \

@@ -17,3 +17,4 @@ mod relay;
 mod resilience;
 mod startup;
 mod trace_context;
+mod waiting_room;
