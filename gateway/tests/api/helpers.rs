@@ -85,22 +85,7 @@ pub async fn spawn_platform_tuned(
     stops.push(orders.shutdown_token());
     tasks.push(tokio::spawn(orders.run_until_stopped()));
 
-    let backend = ns.backend_settings();
-    let mut gateway_settings = gateway::Settings {
-        // The backends' Redis and namespace: the reopened announcements, and the keys of
-        // the `redis` rate-limit backend when a test picks it.
-        redis_url: backend.redis_url.clone(),
-        redis_cluster: backend.redis_cluster,
-        namespace: backend.namespace.clone(),
-        host: "127.0.0.1".into(),
-        port: 0,
-        admin_port: 0,
-        jwt_secret: Secret::new(JWT_SECRET),
-        internal_key: Secret::new(INTERNAL_KEY),
-        seckill_api_urls: vec![seckill_api.clone()],
-        order_service_urls: vec![order_service.clone()],
-        ..gateway::Settings::default()
-    };
+    let mut gateway_settings = gateway_settings(&ns, &seckill_api, &order_service);
     configure_gateway(&mut gateway_settings);
     let gateway = gateway::Application::build(gateway_settings)
         .await
@@ -122,7 +107,68 @@ pub async fn spawn_platform_tuned(
     }
 }
 
+/// A gateway in front of the services at `seckill_api` and `order_service`, on port 0.
+fn gateway_settings(
+    ns: &TestNamespace,
+    seckill_api: &str,
+    order_service: &str,
+) -> gateway::Settings {
+    let backend = ns.backend_settings();
+    gateway::Settings {
+        // The backends' Redis and namespace: the reopened announcements, the waiting
+        // rooms, and the keys of the `redis` rate-limit backend when a test picks it.
+        redis_url: backend.redis_url.clone(),
+        redis_cluster: backend.redis_cluster,
+        namespace: backend.namespace.clone(),
+        host: "127.0.0.1".into(),
+        port: 0,
+        admin_port: 0,
+        jwt_secret: Secret::new(JWT_SECRET),
+        internal_key: Secret::new(INTERNAL_KEY),
+        seckill_api_urls: vec![seckill_api.to_string()],
+        order_service_urls: vec![order_service.to_string()],
+        ..gateway::Settings::default()
+    }
+}
+
 impl Platform {
+    /// Starts another gateway replica in front of the same services; returns its URL.
+    pub async fn add_gateway(&mut self) -> String {
+        let settings = gateway_settings(&self.ns, &self.seckill_api, &self.order_service);
+        let gateway = gateway::Application::build(settings)
+            .await
+            .expect("build gateway");
+        let url = format!("http://127.0.0.1:{}", gateway.port());
+        self.stops.push(gateway.shutdown_token());
+        self.tasks.push(tokio::spawn(gateway.run_until_stopped()));
+        url
+    }
+
+    /// Creates a product of `stock` units whose sale starts `start_in` from now and lasts an
+    /// hour, its waiting room on (`fifo`); returns its id.
+    pub async fn create_queued_product(&self, stock: i32, start_in: Duration) -> i64 {
+        let start = Utc::now() + ChronoDuration::from_std(start_in).expect("a short wait");
+        let response = self
+            .client
+            .post(format!("{}/admin/products", self.gateway))
+            .bearer_auth(admin_token())
+            .json(&json!({
+                "name": "Limited edition kettle",
+                "price_cents": 4999,
+                "stock": stock,
+                "start_at": start,
+                "end_at": start + ChronoDuration::hours(1),
+                "waiting_room": "fifo",
+            }))
+            .send()
+            .await
+            .expect("create product");
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["waiting_room"], "fifo", "{body}");
+        body["id"].as_i64().expect("id")
+    }
+
     /// Creates a product through the gateway with an admin token; returns its id.
     pub async fn create_product(&self, stock: i32, start_offset_secs: i64) -> i64 {
         let start = Utc::now() + ChronoDuration::seconds(start_offset_secs);

@@ -33,3 +33,4 @@ mod strict;
 mod tokens;
 mod upstream_dns;
 mod upstreams;
+mod waiting_room;

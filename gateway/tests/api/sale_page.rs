@@ -11,11 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use chrono::{Duration as ChronoDuration, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::echo::{settings, spawn_echo, spawn_gateway};
-use crate::helpers::{Platform, admin_token, spawn_platform, user_token};
+use crate::helpers::{spawn_platform, user_token};
 
 /// How far ahead the browser test's sale starts: Chromium must start and show the
 /// countdown before it, on a loaded machine too.
@@ -73,50 +72,6 @@ async fn the_page_and_its_assets_are_served_without_a_token_and_anything_else_is
     assert_eq!(echo.hits(), 0, "the gateway answers the page itself");
 }
 
-/// A product of `stock` units on sale from `start_in` from now, its waiting room on.
-///
-/// The room is set up in Redis as seckill-api does for a product created with
-/// `waiting_room: fifo` (docs/DESIGN.md §9).
-async fn queued_product(platform: &Platform, stock: i32, start_in: Duration) -> i64 {
-    let start = Utc::now() + ChronoDuration::from_std(start_in).expect("a short wait");
-    let end = start + ChronoDuration::hours(1);
-    let response = platform
-        .client
-        .post(format!("{}/admin/products", platform.gateway))
-        .bearer_auth(admin_token())
-        .json(&json!({
-            "name": "Limited edition kettle",
-            "price_cents": 4999,
-            "stock": stock,
-            "start_at": start,
-            "end_at": end,
-            "waiting_room": "fifo",
-        }))
-        .send()
-        .await
-        .expect("create product");
-    assert_eq!(response.status(), 201);
-    let body: Value = response.json().await.expect("json");
-    let id = body["id"].as_i64().expect("id");
-    let mut redis = platform.ns.redis().await;
-    let _: () = redis::cmd("HSET")
-        .arg(platform.ns.keys().room(id))
-        .arg("mode")
-        .arg("fifo")
-        .arg("start_ms")
-        .arg(start.timestamp_millis())
-        .arg("end_ms")
-        .arg(end.timestamp_millis())
-        .arg("stock")
-        .arg(stock)
-        .arg("buckets")
-        .arg(body["stock_buckets"].as_i64().expect("stock_buckets"))
-        .query_async(&mut redis)
-        .await
-        .expect("the room's set-up");
-    id
-}
-
 /// Chromium, node and the script's node_modules, or why not.
 fn browser_tools() -> Result<(), String> {
     let chromium = std::env::var("SECKILL_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
@@ -142,7 +97,7 @@ async fn a_buyer_goes_from_the_countdown_to_a_paid_order_in_a_real_browser() {
         );
     }
     let platform = spawn_platform().await;
-    let product = queued_product(&platform, 1, START_IN).await;
+    let product = platform.create_queued_product(1, START_IN).await;
     let (buyer, second) = (501, 502);
     let screenshots = std::env::var_os("SECKILL_UPDATE_SCREENSHOTS")
         .map(|_| repository().join("docs/screenshots"));
