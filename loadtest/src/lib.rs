@@ -16,4 +16,5 @@ pub mod chaos;
 pub mod check;
 pub mod product;
 pub mod report;
+pub mod room;
 pub mod stores;

@@ -16,7 +16,7 @@ use seckill_auth::TokenMinter;
 use seckill_loadtest::check::{self, Facts};
 use seckill_loadtest::report::Report;
 use seckill_loadtest::stores::Probe;
-use seckill_loadtest::{burst, product};
+use seckill_loadtest::{burst, product, room};
 
 /// Validity of the buyers' tokens: comfortably longer than any burst plus the wait for quiet.
 const BUYER_TOKEN_TTL_SECS: i64 = 3600;
@@ -96,6 +96,15 @@ struct Args {
     /// the checks assume it had no orders before this burst).
     #[arg(long, env = "SECKILL_LOADTEST_PRODUCT_ID")]
     product_id: Option<i64>,
+    /// Put the sale behind a waiting room in this mode (`fifo`): the buyers join within
+    /// `--join-window-ms` before it starts, poll at the gateway's pace and buy when
+    /// admitted, and the room's promises are checked too (see `seckill_loadtest::room`).
+    #[arg(long, env = "SECKILL_LOADTEST_WAITING_ROOM", value_parser = ["fifo"])]
+    waiting_room: Option<String>,
+    /// With `--waiting-room`: the window the joins are spread over; the sale starts a
+    /// second after it.
+    #[arg(long, env = "SECKILL_LOADTEST_JOIN_WINDOW_MS", default_value_t = 2000)]
+    join_window_ms: u64,
 }
 
 #[tokio::main]
@@ -121,6 +130,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .issuer(&args.jwt_issuer)
         .audience(&args.jwt_audience);
 
+    if let Some(mode) = &args.waiting_room {
+        return queued_sale(&args, mode, &probe, &client, &minter, concurrency).await;
+    }
     let product_id = match args.product_id {
         Some(id) => {
             let total = probe
@@ -182,4 +194,123 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         report.write_json(path)?;
     }
     Ok(failures.is_empty())
+}
+
+/// The `--waiting-room` run: a queued sale, a crowd through its room, the room's checks and
+/// the usual invariants.
+async fn queued_sale(
+    args: &Args,
+    mode: &str,
+    probe: &Probe,
+    client: &reqwest::Client,
+    minter: &TokenMinter,
+    concurrency: usize,
+) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        args.product_id.is_none(),
+        "--waiting-room creates its own product"
+    );
+    let window = Duration::from_millis(args.join_window_ms);
+    let start_in = chrono::Duration::from_std(window + Duration::from_secs(1))
+        .context("--join-window-ms too large")?;
+    let product_id = product::create_queued(
+        client,
+        &args.gateway_url,
+        minter,
+        args.stock,
+        args.price_cents,
+        start_in,
+        mode,
+    )
+    .await?;
+    let buyers = burst::mint_buyers(minter, args.first_user_id, args.users, BUYER_TOKEN_TTL_SECS);
+    eprintln!(
+        "product {product_id} ({} units, room {mode}): {} buyers join within {} ms, \
+         at most {concurrency} requests in flight",
+        args.stock,
+        buyers.len(),
+        window.as_millis()
+    );
+    let crowd = room::run(
+        client,
+        &args.gateway_url,
+        product_id,
+        buyers,
+        window,
+        concurrency,
+    )
+    .await?;
+    let verdict = crowd.verdict(usize::try_from(args.stock).unwrap_or(0));
+    let accepted = crowd.accepted_ids();
+    let waited = probe
+        .wait_until_quiet(
+            product_id,
+            accepted.len() as u64,
+            Duration::from_secs(args.quiet_timeout_secs),
+        )
+        .await?;
+    let observed = probe.observe(product_id, &accepted).await?;
+    let facts = Facts {
+        accepted: accepted.len() as i64,
+        distinct_users: args.users as i64,
+        every_buyer_answered: verdict.failed == 0,
+        orders_in_db: observed.orders_in_db,
+        distinct_buyers: observed.distinct_buyers,
+        stock_total: observed.stock_total,
+        redis_remaining: observed.redis_remaining,
+        missing_orders: observed.missing_orders,
+        indefinite: 0,
+    };
+    let mut problems: Vec<String> = facts
+        .failures()
+        .iter()
+        .map(|f| format!("{}: {}", f.name, f.detail))
+        .collect();
+    problems.extend(verdict.problems(usize::try_from(args.stock).unwrap_or(0)));
+    let latencies: Vec<Duration> = crowd.trips.iter().filter_map(|t| t.join_latency).collect();
+    println!("waiting room ({mode}), product {product_id}");
+    println!(
+        "  joins sent over {} ms; p99 join {:.1} ms; wall {:.1} s",
+        crowd.join_spread.as_millis(),
+        percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
+        crowd.wall.as_secs_f64()
+    );
+    println!("  ends: {:?}", verdict.told);
+    println!(
+        "  winners in the first {} places: {} of {}",
+        args.stock,
+        verdict.accepted - verdict.out_of_order.len(),
+        verdict.accepted
+    );
+    println!(
+        "  winners among the first 110 % by send time: {:.1} %",
+        verdict.in_send_order * 100.0
+    );
+    println!(
+        "  polls sent over 1 s after the sell-out not told sold_out: {}",
+        verdict.late_polls
+    );
+    println!(
+        "  orders {} (distinct buyers {}), stock {}, quiet after {:.1} s",
+        observed.orders_in_db,
+        observed.distinct_buyers,
+        observed.stock_total,
+        waited.elapsed.as_secs_f64()
+    );
+    for problem in &problems {
+        println!("  FAIL {problem}");
+    }
+    println!(
+        "VERDICT: {}",
+        if problems.is_empty() { "PASS" } else { "FAIL" }
+    );
+    Ok(problems.is_empty())
+}
+
+/// The `q` quantile of `values` (zero when empty).
+fn percentile(values: &[Duration], q: f64) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    let at = ((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1);
+    sorted.get(at).copied().unwrap_or_default()
 }

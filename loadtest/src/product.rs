@@ -26,15 +26,43 @@ pub async fn create(
     stock: i32,
     price_cents: i64,
 ) -> anyhow::Result<i64> {
+    let opened = chrono::Duration::seconds(-5);
+    create_queued(
+        client,
+        gateway_url,
+        minter,
+        stock,
+        price_cents,
+        opened,
+        "open",
+    )
+    .await
+}
+
+/// Creates a product whose sale starts `start_in` from now (negative: already open) and
+/// closes an hour after, with its waiting room in `mode` (`open`, `fifo`); returns its id.
+pub async fn create_queued(
+    client: &Client,
+    gateway_url: &str,
+    minter: &TokenMinter,
+    stock: i32,
+    price_cents: i64,
+    start_in: chrono::Duration,
+    mode: &str,
+) -> anyhow::Result<i64> {
     let now = Utc::now();
     let token = minter.mint(ADMIN_USER_ID, &["admin"], 3600);
-    let body = json!({
+    let start = now + start_in;
+    let mut body = json!({
         "name": format!("loadtest {}", now.to_rfc3339_opts(SecondsFormat::Millis, true)),
         "price_cents": price_cents,
         "stock": stock,
-        "start_at": (now - chrono::Duration::seconds(5)).to_rfc3339_opts(SecondsFormat::Millis, true),
-        "end_at": (now + chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Millis, true),
+        "start_at": start.to_rfc3339_opts(SecondsFormat::Millis, true),
+        "end_at": (start + chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Millis, true),
     });
+    if mode != "open" {
+        body["waiting_room"] = json!(mode);
+    }
     let url = format!("{}/admin/products", gateway_url.trim_end_matches('/'));
     let response = client
         .post(&url)
