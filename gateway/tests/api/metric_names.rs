@@ -7,6 +7,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use seckill_testkit::eventually;
 
 use crate::helpers::{final_result, spawn_platform_with, user_token};
@@ -250,6 +252,31 @@ async fn every_metric_the_alerts_and_the_dashboard_read_is_exported_after_a_burs
         let result = final_result(&platform, product, &user_token(*user)).await;
         assert_eq!(result["status"], "success", "{result}");
     }
+    // A queued sale: a join, a purchase refused for want of a pass, polls, one with it.
+    let queued = platform
+        .create_queued_product(1, Duration::from_millis(500))
+        .await;
+    let buyer = user_token(92_001);
+    let joined: Value = platform
+        .post(&format!("/api/rooms/{queued}/join"), &buyer)
+        .await
+        .json()
+        .await
+        .expect("a join's answer");
+    let ticket = joined["ticket"].as_str().expect("a ticket");
+    assert_eq!(platform.buy(queued, &buyer).await.status(), 428);
+    let path = eventually("admitted", Duration::from_secs(10), || async {
+        let answer: Value = platform
+            .get(&format!("/api/rooms/{queued}/tickets/{ticket}"), &buyer)
+            .await
+            .json()
+            .await
+            .ok()?;
+        answer["purchase_path"].as_str().map(str::to_string)
+    })
+    .await;
+    assert_eq!(platform.post(&path, &buyer).await.status(), 202);
+
     let main_queue = platform.ns.topology().queue;
     let scrape = |url: String| async move {
         reqwest::get(format!("{url}/metrics"))
