@@ -57,7 +57,9 @@ const ALERTS: [&str; 6] = [
 ];
 
 /// The dashboard's panels (deploy/grafana/dashboards/seckill.json).
-const PANELS: [&str; 8] = [
+const PANELS: [&str; 10] = [
+    "Waiting room",
+    "Waiting room answers and refusals",
     "Requests by outcome",
     "Accepted per second",
     "Orders per second",
@@ -113,28 +115,39 @@ fn commands(text: &str) -> Vec<(usize, String)> {
     commands
 }
 
-/// Where a `$(…)` substitution may appear: the two `date` forms and a token.
+/// Where a `$(…)` substitution may appear: `date -u +%FT%TZ`, the same `-d '+N minutes'`
+/// (or `hour`, `hours`) from now, and a token.
 fn substitute(inner: &str, vars: &BTreeMap<String, String>) -> Result<String, String> {
-    match inner {
-        "date -u +%FT%TZ" => Ok(Utc::now().format("%FT%TZ").to_string()),
-        "date -u -d '+1 hour' +%FT%TZ" => Ok((Utc::now() + ChronoDuration::hours(1))
-            .format("%FT%TZ")
-            .to_string()),
-        _ => {
-            let argv = words(inner, vars)?;
-            match argv.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-                [
-                    "docker",
-                    "compose",
-                    "exec",
-                    "-T",
-                    "gateway",
-                    "seckill-token",
-                    ref args @ ..,
-                ] => seckill_token(args),
-                _ => Err(format!("unknown substitution $({inner})")),
+    if inner == "date -u +%FT%TZ" {
+        return Ok(Utc::now().format("%FT%TZ").to_string());
+    }
+    let later = inner
+        .strip_prefix("date -u -d '+")
+        .and_then(|rest| rest.strip_suffix("' +%FT%TZ"))
+        .and_then(|offset| offset.split_once(' '))
+        .and_then(|(n, unit)| {
+            let n: i64 = n.parse().ok()?;
+            match unit {
+                "minutes" => Some(ChronoDuration::minutes(n)),
+                "hour" | "hours" => Some(ChronoDuration::hours(n)),
+                _ => None,
             }
-        }
+        });
+    if let Some(later) = later {
+        return Ok((Utc::now() + later).format("%FT%TZ").to_string());
+    }
+    let argv = words(inner, vars)?;
+    match argv.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [
+            "docker",
+            "compose",
+            "exec",
+            "-T",
+            "gateway",
+            "seckill-token",
+            ref args @ ..,
+        ] => seckill_token(args),
+        _ => Err(format!("unknown substitution $({inner})")),
     }
 }
 
@@ -466,8 +479,14 @@ impl<'a> Runner<'a> {
         if !status.is_success() {
             return Err(format!("{url}: {status} {text}"));
         }
-        serde_json::from_str::<Value>(&text)
-            .map_err(|e| format!("{url}: not JSON ({e}): {text}"))?;
+        if url.ends_with("/metrics") {
+            if !text.contains("# TYPE ") {
+                return Err(format!("{url}: not Prometheus' text format: {text}"));
+            }
+        } else {
+            serde_json::from_str::<Value>(&text)
+                .map_err(|e| format!("{url}: not JSON ({e}): {text}"))?;
+        }
         if url.contains(":15672/api/queues") {
             let queue = format!("\"{}.orders.created\"", self.platform.ns.namespace);
             if !text.contains(&queue) {
