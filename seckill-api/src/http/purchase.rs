@@ -122,15 +122,21 @@ async fn purchase_in(
     if let Some(place) = admitted {
         request_scope::record_i64("admitted", i64::try_from(place).unwrap_or(i64::MAX));
     }
+    let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
+        // The admission is checked with the rest, on the product `decide` reads anyway.
+        let request_id = Uuid::now_v7();
+        return respond(
+            run(
+                &state, &identity, product_id, admitted, &headers, request_id,
+            )
+            .await,
+        );
+    };
     // Before the Idempotency-Key is claimed: a refusal for want of admission is no answer to
     // pin to the key, the same key may buy once its buyer is admitted.
     if let Err(e) = check_admission(&state, product_id, admitted).await {
         return e.into_response();
     }
-    let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
-        let request_id = Uuid::now_v7();
-        return respond(run(&state, &identity, product_id, &headers, request_id).await);
-    };
     // A value that is not text fails validation like an empty one.
     let key = key.to_str().unwrap_or_default();
     if let Err(e) = Idempotency::validate(key) {
@@ -155,12 +161,29 @@ async fn purchase_in(
     let mut may_have_run = ticket.request_id;
     let outcome = match earlier {
         Some(earlier) => {
-            let (outcome, pending) =
-                take_over(&state, &identity, product_id, &headers, &ticket, earlier).await;
+            let (outcome, pending) = take_over(
+                &state,
+                &identity,
+                (product_id, admitted),
+                &headers,
+                &ticket,
+                earlier,
+            )
+            .await;
             may_have_run = pending;
             outcome
         }
-        None => run(&state, &identity, product_id, &headers, ticket.request_id).await,
+        None => {
+            run(
+                &state,
+                &identity,
+                product_id,
+                admitted,
+                &headers,
+                ticket.request_id,
+            )
+            .await
+        }
     };
     let stored = match &outcome {
         Err(e) if e.is_transient() => idem.release(user_id, key, &ticket, may_have_run).await,
@@ -206,7 +229,7 @@ async fn check_admission(
 async fn take_over(
     state: &AppState,
     identity: &Identity,
-    product_id: i64,
+    (product_id, admitted): (i64, Option<u64>),
     headers: &HeaderMap,
     ticket: &Ticket,
     earlier: Uuid,
@@ -225,7 +248,16 @@ async fn take_over(
         Ok(_) => {}
         Err(e) => return (Err(e), earlier),
     }
-    match run(state, identity, product_id, headers, ticket.request_id).await {
+    match run(
+        state,
+        identity,
+        product_id,
+        admitted,
+        headers,
+        ticket.request_id,
+    )
+    .await
+    {
         // The purchase itself may have resolved the earlier one's sweep (into a unit).
         Err(ApiError::AlreadyPurchased) => {
             match state.stock.holding(&product, user_id, earlier).await {
@@ -285,11 +317,13 @@ async fn run(
     state: &AppState,
     identity: &Identity,
     product_id: i64,
+    admitted: Option<u64>,
     headers: &HeaderMap,
     request_id: Uuid,
 ) -> Result<Uuid, ApiError> {
-    let outcome = decide(state, identity, product_id, headers, request_id).await;
+    let outcome = decide(state, identity, product_id, admitted, headers, request_id).await;
     let label = match &outcome {
+        Err(ApiError::AdmissionRequired { .. }) => "admission_required",
         Ok(_) => "accepted",
         Err(ApiError::SoldOut(_)) => "sold_out",
         Err(ApiError::AlreadyPurchased) => "already_purchased",
@@ -364,6 +398,7 @@ async fn decide(
     state: &AppState,
     identity: &Identity,
     product_id: i64,
+    admitted: Option<u64>,
     headers: &HeaderMap,
     request_id: Uuid,
 ) -> Result<Uuid, ApiError> {
@@ -372,6 +407,9 @@ async fn decide(
         .get(product_id)
         .await?
         .ok_or(ApiError::ProductNotFound)?;
+    if admitted.is_none() && product.waiting_room.is_on() {
+        return Err(ApiError::AdmissionRequired { product_id });
+    }
     let now = chrono::Utc::now();
     if !product.is_active(now) {
         return Err(ApiError::ActivityNotActive);
