@@ -58,7 +58,7 @@ use crate::in_flight::{InFlight, Purchases};
 use crate::proxy::{self, ProxyState, Route};
 use crate::ratelimit::{RateKey, RateLimits, is_purchase};
 use crate::room::{self, Admission, PurchasePath, Rooms};
-use crate::sold_out::{self, SoldOutEdge};
+use crate::sold_out::SoldOutEdge;
 use crate::{error, ops, sale_page};
 
 /// Everything a request needs on its way through the gateway: the application's
@@ -317,18 +317,18 @@ impl Pipeline {
         let purchase = purchase_path.is_some();
         // The purchase's target: its room's pass checked, the client's query dropped (the
         // gateway's own `admitted` goes under the identity signature).
+        let query = incoming.head.target().len() != incoming.head.path().len();
         let (target, admitted) = match purchase_path {
-            Some(path) => match self.rooms.purchase(path, caller.user_id).await {
+            Some(path) => match self.rooms.purchase(path, caller.user_id, query).await {
                 Admission::Refused(response) => return response,
-                Admission::Forward { target, admitted } => (Some(target), admitted),
+                Admission::Forward { target, admitted } => (target, admitted),
             },
             None => (None, None),
         };
         // A purchase with an Idempotency-Key may be the replay of one that bought: only the
         // replica knows its first answer.
-        let product = purchase
-            .then(|| sold_out::product_of(incoming.head.path()))
-            .flatten()
+        let product = purchase_path
+            .and_then(|p| room::product_id(p.product))
             .filter(|_| !has_idempotency_key(incoming.head));
         if let Some(answer) = product.and_then(|id| self.sold_out.answer(id)) {
             return answer;
@@ -373,7 +373,9 @@ impl Pipeline {
         if let Some((product_id, place)) = admitted
             && response.status == StatusCode::ACCEPTED
         {
-            self.rooms.bought(product_id, place, caller.user_id).await;
+            // Not awaited: the answer does not wait on Redis (the record is idempotent).
+            let (rooms, user_id) = (self.rooms.clone(), caller.user_id);
+            tokio::spawn(async move { rooms.bought(product_id, place, user_id).await });
         }
         response
     }

@@ -230,19 +230,6 @@ fn sold_out(product_id: i64, generation: u64) -> Response {
     response
 }
 
-/// The product a purchase path names, when it names it plainly (`/api/seckill/42`: digits,
-/// no sign, no leading zero); any other spelling is left to the replica.
-pub fn product_of(path: &str) -> Option<i64> {
-    let id = path.strip_prefix("/api/seckill/")?;
-    if id.is_empty() || id.len() > 18 || id.starts_with('0') {
-        return None;
-    }
-    if !id.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    id.parse().ok()
-}
-
 /// Follows the reopened announcements on `urls` into `edge` until `cancel`.
 pub async fn follow(
     edge: std::sync::Arc<SoldOutEdge>,
@@ -352,22 +339,5 @@ mod tests {
         let edge = live(Duration::ZERO);
         edge.learn(7, &replica_410(7, 1), edge.epoch());
         assert!(edge.answer(7).is_none());
-    }
-
-    #[test]
-    fn only_plain_product_ids_are_read_from_the_path() {
-        assert_eq!(product_of("/api/seckill/42"), Some(42));
-        for path in [
-            "/api/seckill/",
-            "/api/seckill/042",
-            "/api/seckill/+42",
-            "/api/seckill/-42",
-            "/api/seckill/4 2",
-            "/api/seckill/42/result",
-            "/api/seckill/9999999999999999999",
-            "/api/products/42",
-        ] {
-            assert_eq!(product_of(path), None, "{path}");
-        }
     }
 }

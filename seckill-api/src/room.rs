@@ -8,6 +8,10 @@
 //! at once, on the one key, whose tag (the product's, `{p<id>}`) keeps it in one slot of a
 //! Redis Cluster.
 //!
+//! The write that creates a room's hash also names its line (`line`, a random number, never
+//! changed after): a room whose hash Redis lost starts a new line, in which the gateway's
+//! tickets and passes of the old one do not verify.
+//!
 //! A product whose room is on always has its set-up written. One whose room is off (`open`)
 //! has it written only where its hash exists: a room turned off then says `mode open`, and
 //! the products that never had a room get no hash at all.
@@ -86,6 +90,8 @@ impl RoomSetup {
             .arg(product.stock_total)
             .arg(product.stock_buckets)
             .arg(end_ms.saturating_add(keep))
+            // Kept only if this write creates the room: see room_setup.lua.
+            .arg(rand::random::<u64>() >> 11)
             .invoke_async(&mut conn)
             .await?;
         Ok(written == 1)

@@ -4,10 +4,14 @@
 -- ARGV[1] '1': only if the hash exists (a room turned off); '0': whatever it holds
 -- ARGV[2..6] mode, start_ms, end_ms, stock, buckets
 -- ARGV[7] unix ms at which the hash expires
+-- ARGV[8] a random number naming the line, kept only by the write that creates the hash: a
+-- line started again (its hash lost with Redis) is another line, and the gateway's tickets
+-- and passes of the lost one do not verify in it
 -- Returns 1 when written, 0 when there was no room to turn off.
 if ARGV[1] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then
     return 0
 end
+redis.call('HSETNX', KEYS[1], 'line', ARGV[8])
 redis.call('HSET', KEYS[1], 'mode', ARGV[2], 'start_ms', ARGV[3], 'end_ms', ARGV[4],
     'stock', ARGV[5], 'buckets', ARGV[6])
 redis.call('PEXPIREAT', KEYS[1], ARGV[7])

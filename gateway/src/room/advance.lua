@@ -5,17 +5,19 @@
 -- ARGV[1] now ms, ARGV[2] admissions per second, ARGV[3] margin percent,
 -- ARGV[4] pass lifetime ms, ARGV[5] ms after which an admitted buyer who has not bought
 -- counts as one who may not, ARGV[6] units left (read from the stock buckets just before),
--- ARGV[7] return admissions after this ms
--- Returns {mode, start, end, joined, cursor, sold out (0/1), floor, outstanding,
--- admits...} where floor is the cursor before the first admission returned and admits
--- are pairs (cursor after, ms).
+-- ARGV[7] return admissions from this ms on, ARGV[8] the bought set's size when the units
+-- left were read
+-- Returns {mode, start, end, joined, cursor, sold out (0/1), floor, outstanding, line,
+-- admits...} where floor is the cursor before the first admission returned, line the
+-- number seckill-api named the line with when it created the room, and admits are pairs
+-- (cursor after, ms).
 local room = KEYS[1]
 local f = redis.call('HMGET', room, 'mode', 'start_ms', 'end_ms', 'joined', 'cursor',
-  'advanced_ms', 'credit', 'settled')
+  'advanced_ms', 'credit', 'settled', 'line')
 local mode = f[1] or ''
 local start_ms, end_ms = tonumber(f[2]), tonumber(f[3])
 if mode ~= 'fifo' or start_ms == nil or end_ms == nil then
-  return {mode, 0, 0, 0, 0, 0, 0, 0}
+  return {mode, 0, 0, 0, 0, 0, 0, 0, 0}
 end
 local now = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -24,9 +26,19 @@ local ttl = tonumber(ARGV[4])
 local no_show = tonumber(ARGV[5])
 local remaining = tonumber(ARGV[6])
 local since = tonumber(ARGV[7])
+-- Purchases recorded since the buckets were read: their units are no longer left to admit
+-- buyers for (some may be counted twice: fewer admitted for a tick, never more). The room
+-- is sold out by the buckets alone.
+local left = math.max(0, remaining - (redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])))
 local joined = tonumber(f[4]) or 0
 local cursor = tonumber(f[5]) or 0
 local advanced = tonumber(f[6]) or now
+-- A gateway whose step reads an earlier time than the last step's (its clock behind, or its
+-- step late) takes the step at the last one's time: time never goes back here, so no second
+-- is counted twice and every admission is scored no earlier than those before it.
+if now < advanced then
+  now = advanced
+end
 local credit = tonumber(f[7]) or 0
 local settled = tonumber(f[8]) or 0
 local admits = KEYS[2]
@@ -56,8 +68,8 @@ if now < start_ms or now >= end_ms or sold_out == 1 then
   credit = 0
 else
   credit = math.min(credit + rate * dt / 1000, math.max(rate, 1))
-  local margin = math.max(1, math.floor(remaining * margin_pct / 100))
-  local room_for = math.min(remaining - recent, remaining + margin - outstanding)
+  local margin = math.max(1, math.floor(left * margin_pct / 100))
+  local room_for = math.min(left - recent, left + margin - outstanding)
   local n = math.min(math.floor(credit), room_for, joined - cursor)
   if n > 0 then
     cursor = cursor + n
@@ -73,12 +85,18 @@ redis.call('HSET', room, 'cursor', cursor, 'advanced_ms', now, 'credit', credit,
 if cursor > 0 then
   redis.call('PEXPIREAT', admits, end_ms + 86400000)
 end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('PEXPIREAT', KEYS[3], end_ms + 86400000)
+end
 
-local reply = {mode, start_ms, end_ms, joined, cursor, sold_out, 0, outstanding}
-local newer = redis.call('ZRANGEBYSCORE', admits, '(' .. since, '+inf', 'WITHSCORES')
-local floor = redis.call('ZREVRANGEBYSCORE', admits, since, '-inf', 'LIMIT', 0, 1)
+local reply = {mode, start_ms, end_ms, joined, cursor, sold_out, 0, outstanding,
+  tonumber(f[9]) or 0}
+-- From `since` on, inclusive: an admission scored at the very ms of the caller's newest one
+-- may be another gateway's (the caller skips those it has, by cursor).
+local newer = redis.call('ZRANGEBYSCORE', admits, since, '+inf', 'WITHSCORES')
+local floor = redis.call('ZREVRANGEBYSCORE', admits, '(' .. since, '-inf', 'LIMIT', 0, 1)
 reply[7] = tonumber(floor[1]) or settled
 for i = 1, #newer do
-  reply[8 + i] = tonumber(newer[i])
+  reply[9 + i] = tonumber(newer[i])
 end
 return reply

@@ -2,8 +2,8 @@
 -- KEYS[1] the room hash, KEYS[2] its tickets hash (user id -> "<place>:<joined ms>")
 -- ARGV[1] user id, ARGV[2] now (unix ms)
 -- Returns {0} when the room is not on, {-1, start, end} when its sale ended, else
--- {1, place, joined ms, start, end}.
-local room = redis.call('HMGET', KEYS[1], 'mode', 'start_ms', 'end_ms')
+-- {1, place, joined ms, start, end, line}.
+local room = redis.call('HMGET', KEYS[1], 'mode', 'start_ms', 'end_ms', 'line')
 if room[1] ~= 'fifo' then
   return {0}
 end
@@ -15,11 +15,12 @@ local now = tonumber(ARGV[2])
 if now >= end_ms then
   return {-1, start_ms, end_ms}
 end
+local line = tonumber(room[4]) or 0
 local held = redis.call('HGET', KEYS[2], ARGV[1])
 if held then
   local sep = string.find(held, ':', 1, true)
   return {1, tonumber(string.sub(held, 1, sep - 1)), tonumber(string.sub(held, sep + 1)),
-    start_ms, end_ms}
+    start_ms, end_ms, line}
 end
 local place = redis.call('HINCRBY', KEYS[1], 'joined', 1) - 1
 redis.call('HSET', KEYS[2], ARGV[1], place .. ':' .. now)
@@ -27,4 +28,4 @@ if place == 0 then
   -- A day past the sale, like the room itself.
   redis.call('PEXPIREAT', KEYS[2], end_ms + 86400000)
 end
-return {1, place, now, start_ms, end_ms}
+return {1, place, now, start_ms, end_ms, line}

@@ -173,11 +173,12 @@ impl<'a> PurchasePath<'a> {
 pub enum Admission {
     /// Answered here (`428`, `403`, `404`, `503`).
     Refused(Response),
-    /// Forwarded to this target (the client's query dropped): with the admitted place
-    /// when it came with a pass.
+    /// Forwarded, with the admitted place when it came with a pass.
     Forward {
-        /// The target written to seckill-api.
-        target: String,
+        /// The target written to seckill-api in place of the client's: its path without the
+        /// client's query, or with the gateway's `admitted`; `None`: the client's as it is
+        /// (a path alone).
+        target: Option<String>,
         /// The product and place of a pass, recorded as bought on a `202`.
         admitted: Option<(i64, u64)>,
     },
@@ -277,6 +278,13 @@ impl Rooms {
         let view = match stock {
             None => None,
             Some((stock, buckets)) => {
+                // Counted before the buckets are read: the script takes the purchases
+                // recorded since off the units left, so a unit sold between the reads and
+                // the script counts neither as left nor as an admitted buyer's to come.
+                let bought: i64 = redis::cmd("ZCARD")
+                    .arg(self.keys.room_bought(product_id))
+                    .query_async(&mut conn)
+                    .await?;
                 let remaining = self
                     .remaining(&mut conn, product_id, stock, buckets)
                     .await?;
@@ -296,9 +304,16 @@ impl Rooms {
                     .arg(no_show)
                     .arg(remaining)
                     .arg(since)
+                    .arg(bought)
                     .invoke_async(&mut conn)
                     .await?;
-                let previous = self.known(product_id);
+                // Not `known`: the tick's own step is no buyer's interest in the room.
+                let previous = self
+                    .slots
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&product_id)
+                    .and_then(|slot| slot.view.clone());
                 parse_advance(&reply, previous.as_deref(), now - ttl - 10_000)
                     .map(std::sync::Arc::new)
             }
@@ -464,7 +479,7 @@ impl Rooms {
             Err(e) => return redis_failed(&e),
         };
         match reply.as_slice() {
-            [1, place, joined_ms, start_ms, _end_ms] => {
+            [1, place, joined_ms, start_ms, _end_ms, line] => {
                 let ticket = Ticket {
                     place: u64::try_from(*place).unwrap_or(0),
                     joined_ms: *joined_ms,
@@ -473,6 +488,7 @@ impl Rooms {
                     product_id,
                     user_id,
                     sale: *start_ms,
+                    line: u64::try_from(*line).unwrap_or(0),
                 };
                 let room = match self.room(product_id).await {
                     Ok(Some(room)) => room,
@@ -498,6 +514,7 @@ impl Rooms {
             product_id,
             user_id,
             sale: room.start_ms,
+            line: room.line,
         };
         let Some(ticket) = self.key.check_ticket(holder, ticket) else {
             return error::response(
@@ -546,9 +563,11 @@ impl Rooms {
     }
 
     /// What becomes of `user_id`'s purchase of `path`'s product.
-    pub async fn purchase(&self, path: PurchasePath<'_>, user_id: i64) -> Admission {
+    /// `query`: whether the client's target has one (dropped: only the gateway may say
+    /// `admitted`).
+    pub async fn purchase(&self, path: PurchasePath<'_>, user_id: i64, query: bool) -> Admission {
         let plain = |product: &str| Admission::Forward {
-            target: format!("/api/seckill/{product}"),
+            target: query.then(|| format!("/api/seckill/{product}")),
             admitted: None,
         };
         let Some(pass) = path.pass else {
@@ -577,6 +596,7 @@ impl Rooms {
             product_id,
             user_id,
             sale: room.start_ms,
+            line: room.line,
         };
         let Some(pass) = self.key.check_pass(holder, pass) else {
             return refused_pass("invalid_pass", "this pass is not yours for this sale");
@@ -585,7 +605,7 @@ impl Rooms {
             return refused_pass("pass_expired", "this pass has expired: its turn has passed");
         }
         Admission::Forward {
-            target: format!("/api/seckill/{product_id}?admitted={}", pass.place),
+            target: Some(format!("/api/seckill/{product_id}?admitted={}", pass.place)),
             admitted: Some((product_id, pass.place)),
         }
     }
@@ -634,6 +654,9 @@ fn parse_advance(
         _ => None,
     };
     let unsigned = |at: usize| number(at).and_then(|n| u64::try_from(n).ok());
+    let line = unsigned(8)?;
+    // A line started again (its room lost with Redis) shares nothing with the one before.
+    let previous = previous.filter(|p| p.line == line);
     // Kept from before: the admissions of `previous` newer than `keep_after`; the floor
     // is then the cursor after the newest one dropped. With none kept, the script's floor
     // (the cursor as of the newest admission `previous` had) is right.
@@ -655,7 +678,7 @@ fn parse_advance(
             .map_or(p.floor, |&(cursor, _)| cursor),
         _ => unsigned(6)?,
     };
-    let mut at = 8;
+    let mut at = 9;
     while let (Some(cursor), Some(ms)) = (unsigned(at), number(at + 1)) {
         if admits.back().is_none_or(|&(last, _)| cursor > last) {
             admits.push_back((cursor, ms));
@@ -664,6 +687,7 @@ fn parse_advance(
     }
     Some(RoomView {
         start_ms: number(1)?,
+        line,
         end_ms: number(2)?,
         joined: unsigned(3)?,
         cursor: unsigned(4)?,
@@ -708,4 +732,54 @@ fn redis_failed(e: &RedisError) -> Response {
     metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
     tracing::warn!(error = %e, "waiting room: Redis did not answer");
     error::unavailable("the waiting room cannot answer right now, retry shortly")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_product_ids_are_read_from_a_path() {
+        assert_eq!(product_id("42"), Some(42));
+        for id in [
+            "",
+            "042",
+            "+42",
+            "-42",
+            "4 2",
+            "9999999999999999999",
+            "42/result",
+        ] {
+            assert_eq!(product_id(id), None, "{id}");
+        }
+    }
+
+    #[test]
+    fn a_purchase_is_a_post_to_a_product_with_a_pass_or_none() {
+        let post = Method::POST;
+        assert_eq!(
+            PurchasePath::parse(&post, "/api/seckill/7"),
+            Some(PurchasePath {
+                product: "7",
+                pass: None
+            })
+        );
+        assert_eq!(
+            PurchasePath::parse(&post, "/api/seckill/7/1.2.ab"),
+            Some(PurchasePath {
+                product: "7",
+                pass: Some("1.2.ab")
+            })
+        );
+        for path in [
+            "/api/seckill/",
+            "/api/seckill/7/",
+            "/api/seckill/7/result",
+            "/api/seckill/7/a/b",
+            "/api/products/7",
+        ] {
+            assert_eq!(PurchasePath::parse(&post, path), None, "{path}");
+        }
+        assert_eq!(PurchasePath::parse(&Method::GET, "/api/seckill/7"), None);
+    }
 }

@@ -6,8 +6,10 @@
 //!   of the buyer's own purchase path: `<place>.<expires_ms>.<mac>`.
 //!
 //! The MAC is HMAC-SHA256 under the room key, of a kind (`ticket` or `pass`), the product,
-//! the user, the sale (its start, unix ms: a sale moved to another time is another sale)
-//! and the fields above, each followed by `\n`; its first 16 bytes, in lower-case hex.
+//! the user, the sale (its start, unix ms: a sale moved to another time is another sale),
+//! the line (the number its room was created with: a line Redis lost and that started
+//! again is another line) and the fields above, each followed by `\n`; its first 16 bytes,
+//! in lower-case hex.
 //! The user is not written in either: it is the caller whose token verified, so a ticket or
 //! pass taken from another buyer does not verify.
 
@@ -31,6 +33,8 @@ pub struct Holder {
     pub user_id: i64,
     /// The sale: its start, unix ms.
     pub sale: i64,
+    /// The line: the number the room was created with.
+    pub line: u64,
 }
 
 /// A checked ticket.
@@ -89,6 +93,7 @@ impl RoomKey {
         line(itoa::Buffer::new().format(holder.product_id).as_bytes());
         line(itoa::Buffer::new().format(holder.user_id).as_bytes());
         line(itoa::Buffer::new().format(holder.sale).as_bytes());
+        line(itoa::Buffer::new().format(holder.line).as_bytes());
         line(itoa::Buffer::new().format(place).as_bytes());
         line(itoa::Buffer::new().format(time).as_bytes());
         mac
@@ -173,6 +178,7 @@ mod tests {
         product_id: 7,
         user_id: 42,
         sale: 1_700_000_000_000,
+        line: 0x5eed,
     };
 
     #[test]
@@ -196,6 +202,10 @@ mod tests {
             },
             Holder {
                 sale: HOLDER.sale + 1,
+                ..HOLDER
+            },
+            Holder {
+                line: HOLDER.line + 1,
                 ..HOLDER
             },
         ] {

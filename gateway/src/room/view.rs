@@ -23,6 +23,8 @@ pub struct Pacing {
 pub struct RoomView {
     /// The sale's start, unix ms (the sale's identity in tickets and passes).
     pub start_ms: i64,
+    /// The line's number (its identity in tickets and passes, with the sale's start).
+    pub line: u64,
     /// The sale's end, unix ms.
     pub end_ms: i64,
     /// Tickets handed out: places `0..joined`.
@@ -185,6 +187,7 @@ mod tests {
     fn view() -> RoomView {
         RoomView {
             start_ms: 10_000,
+            line: 1,
             end_ms: 1_000_000,
             joined: 5_000,
             cursor: 300,

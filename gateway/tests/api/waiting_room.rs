@@ -70,6 +70,17 @@ async fn until_state(
     .await
 }
 
+/// The number seckill-api named `product`'s line with.
+async fn line_of(platform: &Platform, product: i64) -> u64 {
+    let mut redis = platform.ns.redis().await;
+    redis::cmd("HGET")
+        .arg(platform.ns.keys().room(product))
+        .arg("line")
+        .query_async(&mut redis)
+        .await
+        .expect("the room's line")
+}
+
 async fn buy_at(platform: &Platform, path: &str, user: i64) -> reqwest::Response {
     platform.post(path, &user_token(user)).await
 }
@@ -144,6 +155,14 @@ async fn buyers_are_admitted_in_order_no_more_than_the_stock_then_told_sold_out(
     )
     .await;
     assert_error(buy_at(&platform, path, 103).await, 403, "invalid_pass").await;
+    // Nor with the gateway's own query written by the client, on either path.
+    let forged = buy_at(
+        &platform,
+        &format!("/api/seckill/{product}?admitted=0"),
+        103,
+    )
+    .await;
+    assert_error(forged, 428, "admission_required").await;
     let key = RoomKey::derived_from(INTERNAL_KEY.as_bytes());
     let start_ms = first["starts_at_ms"].as_i64().expect("start");
     let stale = key.pass(
@@ -151,6 +170,7 @@ async fn buyers_are_admitted_in_order_no_more_than_the_stock_then_told_sold_out(
             product_id: product,
             user_id: 103,
             sale: start_ms,
+            line: line_of(&platform, product).await,
         },
         Pass {
             place: 2,
@@ -359,5 +379,83 @@ async fn a_unit_that_comes_back_admits_the_next_in_line() {
     assert_eq!(buy_at(&platform, path, 302).await.status(), 202);
     let result = final_result(&platform, product, &user_token(302)).await;
     assert_eq!(result["status"], "success", "{result}");
+    platform.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_cannot_say_it_was_admitted_even_to_a_gateway_that_knows_no_room() {
+    let mut platform = spawn_platform().await;
+    let product = platform
+        .create_queued_product(1, Duration::from_secs(600))
+        .await;
+    // A replica that has heard of no room: the query is dropped all the same, and
+    // seckill-api refuses the purchase from the product's mode.
+    let fresh = platform.add_gateway().await;
+    for query in ["?admitted=0", "?admitted=0&x=1", "?x=1&admitted=0"] {
+        let response = platform
+            .client
+            .post(format!("{fresh}/api/seckill/{product}{query}"))
+            .bearer_auth(user_token(401))
+            .send()
+            .await
+            .expect("purchase");
+        assert_error(response, 428, "admission_required").await;
+    }
+    platform.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_line_redis_lost_starts_again_and_its_old_tickets_do_not_verify() {
+    let platform = spawn_platform().await;
+    let product = platform
+        .create_queued_product(5, Duration::from_secs(600))
+        .await;
+    let old = join(&platform, product, 501).await;
+    let old_ticket = old["ticket"].as_str().expect("ticket").to_string();
+    join(&platform, product, 502).await;
+    let line = line_of(&platform, product).await;
+    // Redis loses the room: seckill-api's sync sets it up again, as a new line.
+    let keys = platform.ns.keys();
+    let mut redis = platform.ns.redis().await;
+    for key in [
+        keys.room(product),
+        keys.room_tickets(product),
+        keys.room_admits(product),
+    ] {
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut redis)
+            .await
+            .expect("lose the room");
+    }
+    eventually("the room set up again", Duration::from_secs(15), || async {
+        let mut redis = platform.ns.redis().await;
+        let again: Option<u64> = redis::cmd("HGET")
+            .arg(platform.ns.keys().room(product))
+            .arg("line")
+            .query_async(&mut redis)
+            .await
+            .ok()?;
+        again.filter(|&again| again != line)
+    })
+    .await;
+    // The old ticket is no ticket of the new line; joining again starts from the front.
+    let stale = eventually(
+        "the old ticket refused",
+        Duration::from_secs(10),
+        || async {
+            let response = platform
+                .get(
+                    &format!("/api/rooms/{product}/tickets/{old_ticket}"),
+                    &user_token(501),
+                )
+                .await;
+            (response.status() == 403).then_some(response)
+        },
+    )
+    .await;
+    assert_error(stale, 403, "invalid_ticket").await;
+    let again = join(&platform, product, 502).await;
+    assert_eq!(again["place"], 0, "{again}");
     platform.shutdown().await;
 }
