@@ -94,7 +94,7 @@ impl Application {
             rooms: Arc::new(Rooms::new(
                 settings.room_key(),
                 seckill_store::Redis::new(settings.redis_url.expose(), settings.redis_cluster, 2)
-                    .context("waiting room Redis")?,
+                    .context("redis_url (the waiting rooms' Redis)")?,
                 &settings.namespace,
                 settings.room_settings(),
             )),

@@ -293,6 +293,18 @@ async fn every_metric_the_alerts_and_the_dashboard_read_is_exported_after_a_burs
             .then_some(())
     })
     .await;
+    // Recorded after the answer, not before it.
+    eventually(
+        "the purchase with a pass counted",
+        Duration::from_secs(10),
+        || async {
+            scrape(platform.gateway_admin.clone())
+                .await
+                .contains("gateway_room_bought_total ")
+                .then_some(())
+        },
+    )
+    .await;
 
     let mut available = BTreeSet::new();
     for url in [

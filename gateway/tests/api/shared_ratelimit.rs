@@ -113,9 +113,11 @@ async fn on_its_own_redis_failing_the_limits_fail_closed_or_open_as_configured()
     let ns = TestNamespace::new();
     let echo = spawn_echo().await;
     let mut own = OwnRedis::start(Persistence::None);
+    // Its own Redis for everything, a single server (on the cluster pass too).
     let on_own_redis = |failure| gateway::Settings {
         rate_limit_redis_url: Some(own.url().as_str().into()),
         rate_limit_redis_failure: failure,
+        redis_url: own.url().as_str().into(),
         redis_cluster: false,
         ..shared(&echo.url, &ns)
     };
