@@ -328,7 +328,7 @@ impl Pipeline {
         // A purchase with an Idempotency-Key may be the replay of one that bought: only the
         // replica knows its first answer.
         let product = purchase_path
-            .and_then(|p| room::product_id(p.product))
+            .and_then(|p| p.id)
             .filter(|_| !has_idempotency_key(incoming.head));
         if let Some(answer) = product.and_then(|id| self.sold_out.answer(id)) {
             return answer;

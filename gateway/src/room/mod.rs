@@ -146,6 +146,9 @@ pub fn product_id(text: &str) -> Option<i64> {
 pub struct PurchasePath<'a> {
     /// The product, as written.
     pub product: &'a str,
+    /// The product's id, when it is written plainly ([`product_id`]); any other spelling
+    /// is left to the replica.
+    pub id: Option<i64>,
     /// The pass segment, if any.
     pub pass: Option<&'a str>,
 }
@@ -164,7 +167,11 @@ impl<'a> PurchasePath<'a> {
         // `/api/seckill/{id}/result` is the result's route (GET), never a pass.
         let usable = !product.is_empty()
             && pass.is_none_or(|p| !p.is_empty() && !p.contains('/') && p != "result");
-        usable.then_some(Self { product, pass })
+        usable.then(|| Self {
+            product,
+            id: product_id(product),
+            pass,
+        })
     }
 }
 
@@ -571,7 +578,8 @@ impl Rooms {
             admitted: None,
         };
         let Some(pass) = path.pass else {
-            let on = product_id(path.product)
+            let on = path
+                .id
                 .and_then(|id| self.known(id))
                 .is_some_and(|room| now_ms() < room.end_ms);
             if on {
@@ -580,7 +588,7 @@ impl Rooms {
             }
             return plain(path.product);
         };
-        let Some(product_id) = product_id(path.product) else {
+        let Some(product_id) = path.id else {
             return Admission::Refused(error::response(
                 StatusCode::NOT_FOUND,
                 "not_found",
@@ -761,6 +769,7 @@ mod tests {
             PurchasePath::parse(&post, "/api/seckill/7"),
             Some(PurchasePath {
                 product: "7",
+                id: Some(7),
                 pass: None
             })
         );
@@ -768,6 +777,7 @@ mod tests {
             PurchasePath::parse(&post, "/api/seckill/7/1.2.ab"),
             Some(PurchasePath {
                 product: "7",
+                id: Some(7),
                 pass: Some("1.2.ab")
             })
         );
@@ -781,5 +791,10 @@ mod tests {
             assert_eq!(PurchasePath::parse(&post, path), None, "{path}");
         }
         assert_eq!(PurchasePath::parse(&Method::GET, "/api/seckill/7"), None);
+        // Another spelling of an id is still a purchase, left to the replica.
+        assert_eq!(
+            PurchasePath::parse(&post, "/api/seckill/007").map(|p| p.id),
+            Some(None)
+        );
     }
 }
