@@ -10,7 +10,9 @@
 //!
 //! The write that creates a room's hash also names its line (`line`, a random number, never
 //! changed after): a room whose hash Redis lost starts a new line, in which the gateway's
-//! tickets and passes of the old one do not verify.
+//! tickets and passes of the old one do not verify. It also sets the seed of the room's
+//! draw (`seed`, 32 random bytes in hex, never changed after), used when the mode is `raffle`:
+//! the gateway publishes its hash before the sale and the seed once entry closes.
 //!
 //! A product whose room is on always has its set-up written. One whose room is off (`open`)
 //! has it written only where its hash exists: a room turned off then says `mode open`, and
@@ -92,6 +94,7 @@ impl RoomSetup {
             .arg(end_ms.saturating_add(keep))
             // Kept only if this write creates the room: see room_setup.lua.
             .arg(rand::random::<u64>() >> 11)
+            .arg(seed())
             .invoke_async(&mut conn)
             .await?;
         Ok(written == 1)
@@ -108,6 +111,18 @@ impl RoomSetup {
             );
         }
     }
+}
+
+/// A raffle's seed: 32 random bytes in lower-case hex (see room_setup.lua).
+fn seed() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes
+        .iter()
+        .fold(String::with_capacity(64), |mut text, byte| {
+            use std::fmt::Write;
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
 }
 
 /// Where the change listener hands the products it re-read to [`RoomSync`].

@@ -11,8 +11,9 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
 
-/// How buyers reach a product's sale: `open` (no queue, the default) or `fifo` (a waiting
-/// room admits them in order of arrival; DESIGN.md §9).
+/// How buyers reach a product's sale: `open` (no queue, the default), `fifo` (a waiting
+/// room admits them in order of arrival) or `raffle` (in an order drawn at the start;
+/// DESIGN.md §9).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
 )]
@@ -24,6 +25,10 @@ pub enum WaitingRoom {
     /// Buyers join a queue and are admitted in order of arrival; a purchase without the
     /// gateway's admission is refused (`428 admission_required`).
     Fifo,
+    /// Buyers who join before the sale starts are admitted in an order drawn from a seed the
+    /// room committed to beforehand and reveals at the start; later ones follow in order of
+    /// arrival. A purchase without the gateway's admission is refused as for `fifo`.
+    Raffle,
 }
 
 impl WaitingRoom {
@@ -32,6 +37,7 @@ impl WaitingRoom {
         match self {
             Self::Open => "open",
             Self::Fifo => "fifo",
+            Self::Raffle => "raffle",
         }
     }
 
@@ -87,7 +93,7 @@ mod tests {
 
     #[test]
     fn every_mode_reads_back_its_own_text() {
-        for mode in [WaitingRoom::Open, WaitingRoom::Fifo] {
+        for mode in [WaitingRoom::Open, WaitingRoom::Fifo, WaitingRoom::Raffle] {
             assert_eq!(mode.as_str().parse::<WaitingRoom>().ok(), Some(mode));
             assert_eq!(
                 serde_json::to_value(mode).ok(),
@@ -98,5 +104,6 @@ mod tests {
         assert!("queue".parse::<WaitingRoom>().is_err());
         assert!(!WaitingRoom::Open.is_on());
         assert!(WaitingRoom::Fifo.is_on());
+        assert!(WaitingRoom::Raffle.is_on());
     }
 }

@@ -137,6 +137,45 @@ async fn a_product_created_with_a_fifo_room_shows_it_and_has_its_room_in_redis()
 }
 
 #[tokio::test]
+async fn a_raffle_room_has_a_seed_fixed_at_its_creation_and_needs_admission() {
+    let app = spawn_app().await;
+    let product = created(&app, json!({"waiting_room": "raffle"})).await;
+    assert_eq!(product["waiting_room"], "raffle", "{product}");
+    let id = id(&product);
+    let first = room(&app, id).await;
+    assert_eq!(first["mode"], "raffle");
+    let seed = first["seed"].clone();
+    assert!(
+        seed.len() == 64
+            && seed
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+        "{seed}"
+    );
+    // A change writes the set-up again: the seed, like the line, stays as created.
+    let later = Utc::now() + ChronoDuration::hours(2);
+    assert_eq!(
+        patch(&app, id, json!({"end_at": later})).await.status(),
+        200
+    );
+    let again = room(&app, id).await;
+    assert_eq!(again["end_ms"], later.timestamp_millis().to_string());
+    assert_eq!(again["seed"], seed);
+    assert_eq!(again["line"], first["line"]);
+    // Another room draws from another seed.
+    let other = room(
+        &app,
+        self::id(&created(&app, json!({"waiting_room": "raffle"})).await),
+    )
+    .await;
+    assert_ne!(other["seed"], seed);
+
+    assert_error(app.purchase(id, 5).await, 428, "admission_required").await;
+    assert_eq!(purchase_with(&app, id, 5, "admitted=0").await.status(), 202);
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_patch_turns_the_room_on_and_off_in_postgres_and_in_redis() {
     let app = spawn_app().await;
     let product = id(&created(&app, json!({"waiting_room": "open"})).await);
