@@ -46,6 +46,7 @@ pub const BEARER: &str = "bearer";
         crate::sale_page::sale_page_asset,
         crate::room::api::join,
         crate::room::api::poll,
+        crate::room::api::draw,
         crate::room::api::purchase_with_pass,
     ),
     tags(

@@ -370,12 +370,12 @@ impl Pipeline {
                 self.rooms.learn(id);
             }
         }
-        if let Some((product_id, place)) = admitted
+        if let Some((product_id, rank)) = admitted
             && response.status == StatusCode::ACCEPTED
         {
             // Not awaited: the answer does not wait on Redis (the record is idempotent).
             let (rooms, user_id) = (self.rooms.clone(), caller.user_id);
-            tokio::spawn(async move { rooms.bought(product_id, place, user_id).await });
+            tokio::spawn(async move { rooms.bought(product_id, rank, user_id).await });
         }
         response
     }

@@ -8,16 +8,19 @@
 -- ARGV[7] return admissions from this ms on, ARGV[8] the bought set's size when the units
 -- left were read
 -- Returns {mode, start, end, joined, cursor, sold out (0/1), floor, outstanding, line,
--- admits...} where floor is the cursor before the first admission returned, line the
--- number seckill-api named the line with when it created the room, and admits are pairs
--- (cursor after, ms).
+-- entries, seed, admits...} where floor is the cursor before the first admission returned,
+-- line the number seckill-api named the line with when it created the room, entries and
+-- seed a raffle's once entry closed (-1 and '' until then, and for fifo), and admits are
+-- pairs (cursor after, ms). The cursor counts ranks: places, or in a raffle the draw's.
+-- A raffle's entry closes at the first step (or join) from the sale's start on: the places
+-- handed out before it are drawn; the seed is returned from then on, never before.
 local room = KEYS[1]
 local f = redis.call('HMGET', room, 'mode', 'start_ms', 'end_ms', 'joined', 'cursor',
-  'advanced_ms', 'credit', 'settled', 'line')
+  'advanced_ms', 'credit', 'settled', 'line', 'entries', 'seed')
 local mode = f[1] or ''
 local start_ms, end_ms = tonumber(f[2]), tonumber(f[3])
-if mode ~= 'fifo' or start_ms == nil or end_ms == nil then
-  return {mode, 0, 0, 0, 0, 0, 0, 0, 0}
+if (mode ~= 'fifo' and mode ~= 'raffle') or start_ms == nil or end_ms == nil then
+  return {mode, 0, 0, 0, 0, 0, 0, 0, 0, -1, ''}
 end
 local now = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -38,6 +41,15 @@ local advanced = tonumber(f[6]) or now
 -- is counted twice and every admission is scored no earlier than those before it.
 if now < advanced then
   now = advanced
+end
+local entries = tonumber(f[10]) or -1
+if mode == 'raffle' and entries < 0 and now >= start_ms then
+  entries = joined
+  redis.call('HSET', room, 'entries', entries)
+end
+local seed = ''
+if mode == 'raffle' and entries >= 0 then
+  seed = f[11] or ''
 end
 local credit = tonumber(f[7]) or 0
 local settled = tonumber(f[8]) or 0
@@ -90,13 +102,13 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 
 local reply = {mode, start_ms, end_ms, joined, cursor, sold_out, 0, outstanding,
-  tonumber(f[9]) or 0}
+  tonumber(f[9]) or 0, entries, seed}
 -- From `since` on, inclusive: an admission scored at the very ms of the caller's newest one
 -- may be another gateway's (the caller skips those it has, by cursor).
 local newer = redis.call('ZRANGEBYSCORE', admits, since, '+inf', 'WITHSCORES')
 local floor = redis.call('ZREVRANGEBYSCORE', admits, '(' .. since, '-inf', 'LIMIT', 0, 1)
 reply[7] = tonumber(floor[1]) or settled
 for i = 1, #newer do
-  reply[9 + i] = tonumber(newer[i])
+  reply[11 + i] = tonumber(newer[i])
 end
 return reply

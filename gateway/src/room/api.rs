@@ -16,10 +16,14 @@ pub struct RoomAnswer {
     /// `waiting`, `admitted`, `expired` (admitted, the pass ran out unused), `sold_out` or
     /// `closed`.
     pub state: State,
-    /// The buyer's place in line, from 0.
+    /// The buyer's place in line (order of arrival), from 0.
     pub place: u64,
-    /// Buyers ahead not admitted yet.
-    pub ahead: u64,
+    /// In a raffle once drawn: the buyer's rank in the drawn order, from 0 (admission
+    /// follows it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
+    /// Buyers ahead not admitted yet; `null` in a raffle before its draw.
+    pub ahead: Option<u64>,
     /// Estimated wait until admission, ms (0 unless waiting).
     pub wait_ms: u64,
     /// When to poll again, ms (also `Retry-After`, in seconds): the gateway paces polling.
@@ -33,6 +37,44 @@ pub struct RoomAnswer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pass_expires_at_ms: Option<i64>,
 }
+
+/// A raffle's draw, as published (`GET /api/rooms/{product_id}/draw`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct DrawAnswer<'a> {
+    /// SHA-256 of the seed's text, lower-case hex: published from the room's creation on.
+    #[schema(example = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")]
+    pub commitment: String,
+    /// When entry closes and the seed is revealed: the sale's start, unix ms.
+    pub closes_at_ms: i64,
+    /// Once closed: the places `0..entries` take part in the draw.
+    pub entries: Option<u64>,
+    /// Once closed: the seed (64 hex digits). The rank of place `p` is the index of
+    /// SHA-256(`seed` + ":" + `p`) among the entries' keys in ascending order; later places
+    /// follow in arrival order.
+    pub seed: Option<String>,
+    /// Once closed: the user of each entry, by place (`0` where a ticket was lost).
+    pub tickets: Option<&'a [i64]>,
+}
+
+/// `GET /api/rooms/{product_id}/draw`.
+#[utoipa::path(
+    get,
+    path = "/api/rooms/{product_id}/draw",
+    operation_id = "raffle_draw",
+    tag = "waiting room",
+    summary = "A raffle's draw: its commitment, then its seed and entries",
+    description = "Before the sale's start, the SHA-256 of the seed the draw will use; from \
+        the start on, the seed itself, the number of entries and who holds each: anyone can \
+        re-derive the order of admission from them.",
+    params(("product_id" = i64, Path, description = "The product on sale.")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The draw as published so far.", body = DrawAnswer<'_>),
+        (status = 404, description = "`no_waiting_room`: the product has no waiting room on; \
+            `no_draw`: its room admits in order of arrival.", body = ErrorBody),
+    ),
+)]
+pub fn draw() {}
 
 /// `POST /api/rooms/{product_id}/join`.
 #[utoipa::path(

@@ -19,6 +19,7 @@
 //! refuses it if its room is on.
 
 pub mod api;
+pub mod draw;
 pub mod ticket;
 pub mod view;
 
@@ -108,6 +109,8 @@ pub enum RoomRequest<'a> {
     Join { product_id: i64 },
     /// `GET /api/rooms/{product_id}/tickets/{ticket}`.
     Poll { product_id: i64, ticket: &'a str },
+    /// `GET /api/rooms/{product_id}/draw`.
+    Draw { product_id: i64 },
 }
 
 /// The room's own routes live under this prefix.
@@ -125,6 +128,9 @@ pub fn room_request<'a>(method: &Method, path: &'a str) -> Option<RoomRequest<'a
     let product_id = product_id(product)?;
     if rest == "join" && method == Method::POST {
         return Some(RoomRequest::Join { product_id });
+    }
+    if rest == "draw" && method == Method::GET {
+        return Some(RoomRequest::Draw { product_id });
     }
     let ticket = rest.strip_prefix("tickets/")?;
     (method == Method::GET && !ticket.is_empty() && !ticket.contains('/'))
@@ -180,13 +186,13 @@ impl<'a> PurchasePath<'a> {
 pub enum Admission {
     /// Answered here (`428`, `403`, `404`, `503`).
     Refused(Response),
-    /// Forwarded, with the admitted place when it came with a pass.
+    /// Forwarded, with the admitted rank when it came with a pass.
     Forward {
         /// The target written to seckill-api in place of the client's: its path without the
         /// client's query, or with the gateway's `admitted`; `None`: the client's as it is
         /// (a path alone).
         target: Option<String>,
-        /// The product and place of a pass, recorded as bought on a `202`.
+        /// The product and rank of a pass, recorded as bought on a `202`.
         admitted: Option<(i64, u64)>,
     },
 }
@@ -321,8 +327,13 @@ impl Rooms {
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&product_id)
                     .and_then(|slot| slot.view.clone());
-                parse_advance(&reply, previous.as_deref(), now - ttl - 10_000)
-                    .map(std::sync::Arc::new)
+                match parse_advance(&reply, previous.as_deref(), now - ttl - 10_000) {
+                    Some(mut view) => {
+                        view.draw = drawn(&reply, previous.as_deref()).await;
+                        Some(std::sync::Arc::new(view))
+                    }
+                    None => None,
+                }
             }
         };
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
@@ -374,7 +385,9 @@ impl Rooms {
                 .query_async(conn)
                 .await?;
         Ok(match (mode.as_deref(), stock, buckets) {
-            (Some("fifo"), Some(stock), Some(buckets)) if buckets > 0 => Some((stock, buckets)),
+            (Some("fifo" | "raffle"), Some(stock), Some(buckets)) if buckets > 0 => {
+                Some((stock, buckets))
+            }
             _ => None,
         })
     }
@@ -464,6 +477,7 @@ impl Rooms {
             RoomRequest::Poll { product_id, ticket } => {
                 self.poll(product_id, user_id, ticket).await
             }
+            RoomRequest::Draw { product_id } => self.draw(product_id).await,
         }
     }
 
@@ -533,6 +547,83 @@ impl Rooms {
         self.answer(holder, &room, ticket.place, None)
     }
 
+    /// A raffle's draw as published: the seed's commitment from the room's creation on; the
+    /// seed, the entries and the ticket list (the user of each entry, by place) once entry
+    /// closed and this gateway drew.
+    async fn draw(&self, product_id: i64) -> Response {
+        let room = match self.room(product_id).await {
+            Ok(Some(room)) => room,
+            Ok(None) => return no_room(),
+            Err(e) => return redis_failed(&e),
+        };
+        if !room.raffle {
+            return error::response(
+                StatusCode::NOT_FOUND,
+                "no_draw",
+                "this sale's waiting room admits in order of arrival: it has no draw",
+            );
+        }
+        let read = async {
+            let mut conn = self.redis.get().await?;
+            let seed: Option<String> = redis::cmd("HGET")
+                .arg(self.keys.room(product_id))
+                .arg("seed")
+                .query_async(&mut conn)
+                .await?;
+            let tickets = match &room.draw {
+                Some(drawn) => Some(self.tickets(&mut conn, product_id, drawn).await?),
+                None => None,
+            };
+            Ok::<_, RedisError>((seed, tickets))
+        }
+        .await;
+        let (seed, tickets) = match read {
+            Ok(read) => read,
+            Err(e) => return redis_failed(&e),
+        };
+        let Some(seed) = seed else {
+            // Created by a seckill-api that wrote no seed: nothing was committed to.
+            return error::unavailable("this raffle's seed is not set up yet, retry shortly");
+        };
+        let body = api::DrawAnswer {
+            commitment: draw::commitment(&seed),
+            closes_at_ms: room.start_ms,
+            entries: room.draw.as_ref().map(|d| d.entries),
+            seed: room.draw.as_ref().map(|d| d.seed.clone()),
+            tickets: tickets.as_deref().map(Vec::as_slice),
+        };
+        let mut response = json(StatusCode::OK, &body);
+        response.push_header(b"cache-control", b"no-store");
+        response
+    }
+
+    /// The user of each entry of a closed raffle, by place (`0` for a place whose ticket is
+    /// gone, never seen); read once per draw and kept.
+    async fn tickets(
+        &self,
+        conn: &mut seckill_store::RedisConn,
+        product_id: i64,
+        drawn: &std::sync::Arc<draw::Draw>,
+    ) -> Result<std::sync::Arc<Vec<i64>>, RedisError> {
+        if let Some(kept) = drawn.tickets() {
+            return Ok(kept);
+        }
+        let all: HashMap<i64, String> = redis::cmd("HGETALL")
+            .arg(self.keys.room_tickets(product_id))
+            .query_async(conn)
+            .await?;
+        let mut users = vec![0i64; usize::try_from(drawn.entries).unwrap_or(0)];
+        for (user, held) in all {
+            let place = held
+                .split_once(':')
+                .and_then(|(place, _)| place.parse::<usize>().ok());
+            if let Some(slot) = place.and_then(|p| users.get_mut(p)) {
+                *slot = user;
+            }
+        }
+        Ok(drawn.keep_tickets(users))
+    }
+
     /// The JSON answer for the holder of `place`.
     fn answer(
         &self,
@@ -548,6 +639,7 @@ impl Rooms {
             ticket,
             state: answer.state,
             place: answer.place,
+            rank: answer.rank,
             ahead: answer.ahead,
             wait_ms: answer.wait_ms,
             poll_after_ms: answer.poll_after_ms,
@@ -613,20 +705,20 @@ impl Rooms {
             return refused_pass("pass_expired", "this pass has expired: its turn has passed");
         }
         Admission::Forward {
-            target: Some(format!("/api/seckill/{product_id}?admitted={}", pass.place)),
-            admitted: Some((product_id, pass.place)),
+            target: Some(format!("/api/seckill/{product_id}?admitted={}", pass.rank)),
+            admitted: Some((product_id, pass.rank)),
         }
     }
 
-    /// Notes that the admitted `place` of `user_id` bought (a `202`), so the admission
-    /// stops counting it among those who may still buy.
-    pub async fn bought(&self, product_id: i64, place: u64, user_id: i64) {
+    /// Notes that `user_id`, admitted at `rank`, bought (a `202`), so the admission stops
+    /// counting it among those who may still buy.
+    pub async fn bought(&self, product_id: i64, rank: u64, user_id: i64) {
         let recorded = async {
             let mut conn = self.redis.get().await?;
             redis::cmd("ZADD")
                 .arg(self.keys.room_bought(product_id))
                 .arg("NX")
-                .arg(place)
+                .arg(rank)
                 .arg(user_id)
                 .query_async::<i64>(&mut conn)
                 .await
@@ -636,7 +728,7 @@ impl Rooms {
             Ok(_) => metrics::counter!(crate::metrics::ROOM_BOUGHT).increment(1),
             Err(e) => {
                 metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
-                tracing::warn!(product_id, place, error = %e, "could not record a purchase with a pass");
+                tracing::warn!(product_id, rank, error = %e, "could not record a purchase with a pass");
             }
         }
     }
@@ -654,9 +746,11 @@ fn parse_advance(
         Value::SimpleString(text) => text.as_bytes(),
         _ => return None,
     };
-    if mode != b"fifo" {
-        return None;
-    }
+    let raffle = match mode {
+        b"fifo" => false,
+        b"raffle" => true,
+        _ => return None,
+    };
     let number = |at: usize| match reply.get(at) {
         Some(Value::Int(n)) => Some(*n),
         _ => None,
@@ -686,7 +780,7 @@ fn parse_advance(
             .map_or(p.floor, |&(cursor, _)| cursor),
         _ => unsigned(6)?,
     };
-    let mut at = 9;
+    let mut at = 11;
     while let (Some(cursor), Some(ms)) = (unsigned(at), number(at + 1)) {
         if admits.back().is_none_or(|&(last, _)| cursor > last) {
             admits.push_back((cursor, ms));
@@ -696,6 +790,8 @@ fn parse_advance(
     Some(RoomView {
         start_ms: number(1)?,
         line,
+        raffle,
+        draw: None,
         end_ms: number(2)?,
         joined: unsigned(3)?,
         cursor: unsigned(4)?,
@@ -704,6 +800,39 @@ fn parse_advance(
         outstanding: unsigned(7)?,
         admits,
     })
+}
+
+/// The draw of a raffle whose entry closed, from the step's `reply`: `previous`'s when it is
+/// of the same seed and entries, else drawn now (off the runtime's threads: one SHA-256 per
+/// entry); `None` for `fifo` and before the close.
+async fn drawn(reply: &[Value], previous: Option<&RoomView>) -> Option<std::sync::Arc<draw::Draw>> {
+    let entries = match reply.get(9) {
+        Some(Value::Int(n)) => u64::try_from(*n).ok()?,
+        _ => return None,
+    };
+    let seed = match reply.get(10) {
+        Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok()?.to_owned(),
+        _ => return None,
+    };
+    if seed.is_empty() {
+        return None;
+    }
+    if let Some(draw) = previous.and_then(|p| p.draw.as_ref())
+        && draw.entries == entries
+        && draw.seed == seed
+    {
+        return Some(draw.clone());
+    }
+    let started = Instant::now();
+    let draw = tokio::task::spawn_blocking(move || draw::Draw::new(&seed, entries))
+        .await
+        .ok()??;
+    tracing::info!(
+        entries,
+        took_ms = started.elapsed().as_millis() as u64,
+        "waiting room: raffle drawn"
+    );
+    Some(std::sync::Arc::new(draw))
 }
 
 fn json(status: StatusCode, body: &impl Serialize) -> Response {

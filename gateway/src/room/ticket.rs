@@ -3,7 +3,8 @@
 //!
 //! - A **ticket** is a buyer's place in line: `<place>.<joined_ms>.<mac>`.
 //! - A **pass** admits its buyer to one purchase until it expires, and is the last segment
-//!   of the buyer's own purchase path: `<place>.<expires_ms>.<mac>`.
+//!   of the buyer's own purchase path: `<rank>.<expires_ms>.<mac>`, the rank the buyer's
+//!   position in the order of admission (its place, but in a drawn raffle its draw's rank).
 //!
 //! The MAC is HMAC-SHA256 under the room key, of a kind (`ticket` or `pass`), the product,
 //! the user, the sale (its start, unix ms: a sale moved to another time is another sale),
@@ -49,8 +50,9 @@ pub struct Ticket {
 /// A checked pass (its expiry not yet compared with the clock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
-    /// The admitted place.
-    pub place: u64,
+    /// The admitted buyer's position in the order of admission: the place in line, or in a
+    /// drawn raffle the rank (`super::draw`).
+    pub rank: u64,
     /// Until when it admits, unix ms.
     pub expires_ms: i64,
 }
@@ -133,15 +135,15 @@ impl RoomKey {
         Some(Ticket { place, joined_ms })
     }
 
-    /// The pass of `holder`'s admitted `place`.
+    /// The pass of `holder`'s admitted `rank`.
     pub fn pass(&self, holder: Holder, pass: Pass) -> String {
-        self.sign("pass", holder, pass.place, pass.expires_ms)
+        self.sign("pass", holder, pass.rank, pass.expires_ms)
     }
 
     /// `text` as a pass of `holder`'s, if it is one (expired or not).
     pub fn check_pass(&self, holder: Holder, text: &str) -> Option<Pass> {
-        let (place, expires_ms) = self.check("pass", holder, text)?;
-        Some(Pass { place, expires_ms })
+        let (rank, expires_ms) = self.check("pass", holder, text)?;
+        Some(Pass { rank, expires_ms })
     }
 }
 
@@ -220,7 +222,7 @@ mod tests {
     fn a_pass_with_any_field_changed_is_refused() {
         let key = RoomKey::derived_from(b"internal key");
         let pass = Pass {
-            place: 3,
+            rank: 3,
             expires_ms: 1_700_000_060_000,
         };
         let text = key.pass(HOLDER, pass);

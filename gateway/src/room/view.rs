@@ -3,8 +3,11 @@
 
 use std::collections::VecDeque;
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
+use super::draw::Draw;
 use super::ticket::Pass;
 
 /// How the gateway paces admissions and polls (settings).
@@ -25,17 +28,22 @@ pub struct RoomView {
     pub start_ms: i64,
     /// The line's number (its identity in tickets and passes, with the sale's start).
     pub line: u64,
+    /// A `raffle` room: admitted in the order of its draw.
+    pub raffle: bool,
+    /// A raffle's draw, once entry closed and this gateway drew (`None` until then, and
+    /// always for `fifo`).
+    pub draw: Option<Arc<Draw>>,
     /// The sale's end, unix ms.
     pub end_ms: i64,
     /// Tickets handed out: places `0..joined`.
     pub joined: u64,
-    /// Places below it are admitted.
+    /// Ranks below it are admitted (a rank is the place, but in a raffle the draw's).
     pub cursor: u64,
     /// No unit left: nobody is admitted.
     pub sold_out: bool,
     /// Admitted, passes still valid, not bought.
     pub outstanding: u64,
-    /// The cursor before the oldest admission in `admits`: a place below it was admitted
+    /// The cursor before the oldest admission in `admits`: a rank below it was admitted
     /// longer ago than any pass lives.
     pub floor: u64,
     /// Each admission still within a pass's life: the cursor after it, and when (unix ms),
@@ -77,10 +85,12 @@ impl State {
 pub struct Answer {
     /// The buyer's state.
     pub state: State,
-    /// The buyer's place in line, from 0.
+    /// The buyer's place in line (arrival order), from 0.
     pub place: u64,
-    /// Buyers ahead who are not admitted yet.
-    pub ahead: u64,
+    /// In a drawn raffle, the buyer's rank in the drawn order, from 0.
+    pub rank: Option<u64>,
+    /// Buyers ahead who are not admitted yet; `None` in a raffle not drawn yet.
+    pub ahead: Option<u64>,
     /// Estimated wait until admission, ms (0 unless waiting).
     pub wait_ms: u64,
     /// When to poll again, ms: the server's pace, not the client's.
@@ -97,12 +107,21 @@ pub const MIN_POLL_AFTER_MS: u64 = 1_000;
 pub const SOLD_OUT_POLL_AFTER_MS: u64 = 10_000;
 
 impl RoomView {
-    /// When the cursor passed `place` (unix ms), if within a pass's life.
-    pub fn admitted_at(&self, place: u64) -> Option<i64> {
-        if place < self.floor || place >= self.cursor {
+    /// The position of `place` in the order of admission: the place itself, or in a raffle
+    /// its rank in the draw (`None` before the draw).
+    pub fn rank(&self, place: u64) -> Option<u64> {
+        if !self.raffle {
+            return Some(place);
+        }
+        self.draw.as_ref().map(|draw| draw.rank(place))
+    }
+
+    /// When the cursor passed `rank` (unix ms), if within a pass's life.
+    pub fn admitted_at(&self, rank: u64) -> Option<i64> {
+        if rank < self.floor || rank >= self.cursor {
             return None;
         }
-        let at = self.admits.partition_point(|&(cursor, _)| cursor <= place);
+        let at = self.admits.partition_point(|&(cursor, _)| cursor <= rank);
         self.admits.get(at).map(|&(_, ms)| ms)
     }
 
@@ -111,7 +130,8 @@ impl RoomView {
         let mut answer = Answer {
             state: State::Waiting,
             place,
-            ahead: 0,
+            rank: None,
+            ahead: None,
             wait_ms: 0,
             poll_after_ms: 0,
             pass: None,
@@ -120,14 +140,28 @@ impl RoomView {
             answer.state = State::Closed;
             return answer;
         }
-        if place < self.cursor {
+        let to_start = u64::try_from(self.start_ms - now_ms).unwrap_or(0);
+        let Some(rank) = self.rank(place) else {
+            // A raffle not drawn yet: entry closes at the start.
+            if self.sold_out {
+                answer.state = State::SoldOut;
+                answer.poll_after_ms = SOLD_OUT_POLL_AFTER_MS;
+                return answer;
+            }
+            answer.wait_ms = to_start;
+            answer.poll_after_ms = self.poll_after(answer, to_start, pacing);
+            return answer;
+        };
+        answer.rank = self.raffle.then_some(rank);
+        if rank < self.cursor {
+            answer.ahead = Some(0);
             let expires_ms = self
-                .admitted_at(place)
+                .admitted_at(rank)
                 .map(|at| at.saturating_add(pacing.pass_ttl_ms));
             answer.state = match expires_ms {
                 _ if self.sold_out => State::SoldOut,
                 Some(expires_ms) if now_ms < expires_ms => {
-                    answer.pass = Some(Pass { place, expires_ms });
+                    answer.pass = Some(Pass { rank, expires_ms });
                     answer.poll_after_ms = u64::try_from(expires_ms - now_ms).unwrap_or(0);
                     State::Admitted
                 }
@@ -138,15 +172,15 @@ impl RoomView {
             }
             return answer;
         }
-        answer.ahead = place - self.cursor;
+        let ahead = rank - self.cursor;
+        answer.ahead = Some(ahead);
         if self.sold_out {
             answer.state = State::SoldOut;
             answer.poll_after_ms = SOLD_OUT_POLL_AFTER_MS;
             return answer;
         }
         let rate = u64::from(pacing.admit_per_sec.max(1));
-        let to_start = u64::try_from(self.start_ms - now_ms).unwrap_or(0);
-        answer.wait_ms = to_start + answer.ahead * 1000 / rate;
+        answer.wait_ms = to_start + ahead * 1000 / rate;
         answer.poll_after_ms = self.poll_after(answer, to_start, pacing);
         answer
     }
@@ -188,6 +222,8 @@ mod tests {
         RoomView {
             start_ms: 10_000,
             line: 1,
+            raffle: false,
+            draw: None,
             end_ms: 1_000_000,
             joined: 5_000,
             cursor: 300,
@@ -202,7 +238,8 @@ mod tests {
     fn a_place_behind_the_cursor_waits_its_turn_at_the_admission_rate() {
         let answer = view().answer(1_300, 30_000, PACING);
         assert_eq!(answer.state, State::Waiting);
-        assert_eq!(answer.ahead, 1_000);
+        assert_eq!(answer.ahead, Some(1_000));
+        assert_eq!(answer.rank, None);
         assert_eq!(answer.wait_ms, 10_000);
         assert_eq!(answer.pass, None);
         // A third of the wait, or the room's spread (4,700 waiting at 1,000 polls/s).
@@ -246,7 +283,7 @@ mod tests {
         assert_eq!(
             admitted.pass,
             Some(Pass {
-                place: 250,
+                rank: 250,
                 expires_ms: 81_000
             })
         );
@@ -286,5 +323,44 @@ mod tests {
             (5_000..=6_250).contains(&answer.poll_after_ms),
             "{answer:?}"
         );
+    }
+
+    #[test]
+    fn a_raffle_waits_for_its_draw_then_admits_by_rank() {
+        let mut room = view();
+        room.raffle = true;
+        room.cursor = 0;
+        room.floor = 0;
+        room.admits.clear();
+        // Before the draw: no rank, no count ahead, back about when entry closes.
+        let before = room.answer(7, 4_000, PACING);
+        assert_eq!(before.state, State::Waiting);
+        assert_eq!((before.rank, before.ahead), (None, None));
+        assert_eq!(before.wait_ms, 6_000);
+
+        let draw = Draw::new("seed", 100).expect("a draw");
+        let (first, last) = (
+            (0..100).find(|&p| draw.rank(p) == 0).expect("rank 0"),
+            (0..100).find(|&p| draw.rank(p) == 99).expect("rank 99"),
+        );
+        room.draw = Some(Arc::new(draw));
+        room.cursor = 10;
+        room.admits = VecDeque::from([(10, 20_000)]);
+        let admitted = room.answer(first, 21_000, PACING);
+        assert_eq!(admitted.state, State::Admitted);
+        assert_eq!(admitted.rank, Some(0));
+        assert_eq!(
+            admitted.pass,
+            Some(Pass {
+                rank: 0,
+                expires_ms: 80_000
+            })
+        );
+        let behind = room.answer(last, 21_000, PACING);
+        assert_eq!(behind.state, State::Waiting);
+        assert_eq!((behind.rank, behind.ahead), (Some(99), Some(89)));
+        // Joined after the close: behind every entry, in arrival order.
+        let late = room.answer(150, 21_000, PACING);
+        assert_eq!((late.rank, late.ahead), (Some(150), Some(140)));
     }
 }

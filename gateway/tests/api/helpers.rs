@@ -147,6 +147,12 @@ impl Platform {
     /// Creates a product of `stock` units whose sale starts `start_in` from now and lasts an
     /// hour, its waiting room on (`fifo`); returns its id.
     pub async fn create_queued_product(&self, stock: i32, start_in: Duration) -> i64 {
+        self.create_room_product(stock, start_in, "fifo").await
+    }
+
+    /// Creates a product whose waiting room is `mode` (`fifo`, `raffle`), starting in
+    /// `start_in`; returns its id.
+    pub async fn create_room_product(&self, stock: i32, start_in: Duration, mode: &str) -> i64 {
         let start = Utc::now() + ChronoDuration::from_std(start_in).expect("a short wait");
         let response = self
             .client
@@ -158,14 +164,14 @@ impl Platform {
                 "stock": stock,
                 "start_at": start,
                 "end_at": start + ChronoDuration::hours(1),
-                "waiting_room": "fifo",
+                "waiting_room": mode,
             }))
             .send()
             .await
             .expect("create product");
         assert_eq!(response.status(), 201);
         let body: Value = response.json().await.expect("json");
-        assert_eq!(body["waiting_room"], "fifo", "{body}");
+        assert_eq!(body["waiting_room"], mode, "{body}");
         body["id"].as_i64().expect("id")
     }
 

@@ -20,6 +20,7 @@ const PUBLIC_OPERATIONS: &[(&str, &str)] = &[
     ("get", "/api/seckill/{product_id}/result"),
     ("post", "/api/rooms/{product_id}/join"),
     ("get", "/api/rooms/{product_id}/tickets/{ticket}"),
+    ("get", "/api/rooms/{product_id}/draw"),
     ("get", "/api/products"),
     ("get", "/api/products/{product_id}"),
     ("get", "/api/orders"),

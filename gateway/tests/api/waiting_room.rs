@@ -173,7 +173,7 @@ async fn buyers_are_admitted_in_order_no_more_than_the_stock_then_told_sold_out(
             line: line_of(&platform, product).await,
         },
         Pass {
-            place: 2,
+            rank: 2,
             expires_ms: Utc::now().timestamp_millis() - 1,
         },
     );
@@ -457,5 +457,155 @@ async fn a_line_redis_lost_starts_again_and_its_old_tickets_do_not_verify() {
     assert_error(stale, 403, "invalid_ticket").await;
     let again = join(&platform, product, 502).await;
     assert_eq!(again["place"], 0, "{again}");
+    platform.shutdown().await;
+}
+
+/// The published draw of `product`'s raffle, as `user` reads it.
+async fn draw(platform: &Platform, product: i64, user: i64) -> Value {
+    let response = platform
+        .client
+        .get(format!("{}/api/rooms/{product}/draw", platform.gateway))
+        .bearer_auth(user_token(user))
+        .send()
+        .await
+        .expect("draw");
+    assert_eq!(response.status(), 200);
+    response.json().await.expect("json")
+}
+
+/// The drawn order re-derived from what the room published, as an auditor would (the
+/// contract in DESIGN.md §9, not the gateway's code): the places by ascending SHA-256 of
+/// `seed:place`.
+fn drawn_order(seed: &str, entries: u64) -> Vec<u64> {
+    use sha2::{Digest, Sha256};
+    let mut keyed: Vec<(Vec<u8>, u64)> = (0..entries)
+        .map(|place| (Sha256::digest(format!("{seed}:{place}")).to_vec(), place))
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, place)| place).collect()
+}
+
+#[tokio::test]
+async fn a_raffle_admits_in_the_order_its_published_seed_gives() {
+    use sha2::{Digest, Sha256};
+    let platform = spawn_platform().await;
+    let product = platform
+        .create_room_product(3, Duration::from_secs(3), "raffle")
+        .await;
+    let before = draw(&platform, product, 500).await;
+    let commitment = before["commitment"]
+        .as_str()
+        .expect("a commitment")
+        .to_string();
+    assert_eq!(commitment.len(), 64, "{before}");
+    assert!(
+        before["seed"].is_null() && before["tickets"].is_null(),
+        "{before}"
+    );
+    // Twelve buyers enter before the start: no rank yet, nobody counted ahead.
+    let mut tickets = Vec::new();
+    for user in 501..=512 {
+        let answer = join(&platform, product, user).await;
+        assert_eq!(answer["place"], user - 501, "{answer}");
+        assert_eq!(answer["state"], "waiting", "{answer}");
+        assert!(
+            answer["ahead"].is_null() && answer.get("rank").is_none(),
+            "{answer}"
+        );
+        tickets.push(answer["ticket"].as_str().expect("ticket").to_string());
+    }
+
+    // At the start the seed is revealed: the one committed to, over the twelve entries.
+    let after = eventually("the draw", Duration::from_secs(10), || async {
+        let published = draw(&platform, product, 500).await;
+        published["seed"].is_string().then_some(published)
+    })
+    .await;
+    let seed = after["seed"].as_str().expect("seed");
+    let mut hex = String::new();
+    for byte in Sha256::digest(seed.as_bytes()) {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    assert_eq!(hex, commitment, "the seed is the one committed to");
+    assert_eq!(after["commitment"], commitment.as_str());
+    assert_eq!(after["entries"], 12, "{after}");
+    let listed: Vec<i64> = (501..=512).collect();
+    assert_eq!(after["tickets"], serde_json::json!(listed), "{after}");
+    let order = drawn_order(seed, 12);
+    assert_ne!(
+        order,
+        (0..12).collect::<Vec<_>>(),
+        "drawn, not arrival order"
+    );
+
+    // Joined after the close: behind all twelve, whatever the draw.
+    let late = join(&platform, product, 513).await;
+    assert_eq!(
+        (late["place"].as_u64(), late["rank"].as_u64()),
+        (Some(12), Some(12))
+    );
+
+    // The first three drawn are admitted and buy; the fourth drawn waits while they may.
+    let mut winners = Vec::new();
+    for &place in &order[..3] {
+        let user = 501 + place as i64;
+        let ticket = &tickets[place as usize];
+        let admitted = until_state(
+            &platform,
+            product,
+            user,
+            ticket,
+            "admitted",
+            Duration::from_secs(10),
+        )
+        .await;
+        let rank = order.iter().position(|&p| p == place).expect("drawn") as u64;
+        assert_eq!(admitted["rank"], rank, "{admitted}");
+        let path = admitted["purchase_path"].as_str().expect("a purchase path");
+        assert_eq!(buy_at(&platform, path, user).await.status(), 202);
+        winners.push(user);
+    }
+    let fourth = order[3];
+    let answer = poll(
+        &platform,
+        product,
+        501 + fourth as i64,
+        &tickets[fourth as usize],
+    )
+    .await;
+    assert_eq!(answer["rank"], 3, "{answer}");
+    assert_ne!(answer["state"], "admitted", "{answer}");
+    until_state(
+        &platform,
+        product,
+        501 + fourth as i64,
+        &tickets[fourth as usize],
+        "sold_out",
+        Duration::from_secs(10),
+    )
+    .await;
+    let mut buyers: Vec<i64> =
+        sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = $1")
+            .bind(product)
+            .fetch_all(&platform.ns.db().await)
+            .await
+            .expect("orders");
+    buyers.sort_unstable();
+    winners.sort_unstable();
+    assert_eq!(buyers, winners, "sold to the drawn, in the draw's order");
+
+    // A fifo room has no draw.
+    let fifo = platform
+        .create_queued_product(1, Duration::from_secs(60))
+        .await;
+    join(&platform, fifo, 500).await;
+    let none = platform
+        .client
+        .get(format!("{}/api/rooms/{fifo}/draw", platform.gateway))
+        .bearer_auth(user_token(500))
+        .send()
+        .await
+        .expect("draw");
+    assert_error(none, 404, "no_draw").await;
     platform.shutdown().await;
 }
