@@ -9,11 +9,15 @@
 //! - [`stores`]: read-only access to the stores, the wait for quiet, the observed numbers.
 //! - [`check`]: the invariants, as pure functions.
 //! - [`report`]: the JSON report and the human summary.
+//! - [`room`]: the waiting-room scenario and its checks; [`draw`]: a raffle audited;
+//!   [`bots`]: accounts that join and buy many times a second alongside the crowd.
 //! - [`chaos`]: the fault matrix.
 
+pub mod bots;
 pub mod burst;
 pub mod chaos;
 pub mod check;
+pub mod draw;
 pub mod product;
 pub mod report;
 pub mod room;

@@ -16,7 +16,7 @@ use seckill_auth::TokenMinter;
 use seckill_loadtest::check::{self, Facts};
 use seckill_loadtest::report::Report;
 use seckill_loadtest::stores::Probe;
-use seckill_loadtest::{burst, product, room};
+use seckill_loadtest::{bots, burst, draw, product, room};
 
 /// Validity of the buyers' tokens: comfortably longer than any burst plus the wait for quiet.
 const BUYER_TOKEN_TTL_SECS: i64 = 3600;
@@ -96,15 +96,25 @@ struct Args {
     /// the checks assume it had no orders before this burst).
     #[arg(long, env = "SECKILL_LOADTEST_PRODUCT_ID")]
     product_id: Option<i64>,
-    /// Put the sale behind a waiting room in this mode (`fifo`): the buyers join within
-    /// `--join-window-ms` before it starts, poll at the gateway's pace and buy when
-    /// admitted, and the room's promises are checked too (see `seckill_loadtest::room`).
-    #[arg(long, env = "SECKILL_LOADTEST_WAITING_ROOM", value_parser = ["fifo"])]
+    /// Put the sale behind a waiting room in this mode (`fifo` or `raffle`): the buyers join
+    /// within `--join-window-ms` before it starts, poll at the gateway's pace and buy when
+    /// admitted, and the room's promises are checked too (see `seckill_loadtest::room`; a
+    /// raffle's draw is audited from what it published, `seckill_loadtest::draw`).
+    #[arg(long, env = "SECKILL_LOADTEST_WAITING_ROOM", value_parser = ["fifo", "raffle"])]
     waiting_room: Option<String>,
     /// With `--waiting-room`: the window the joins are spread over; the sale starts a
     /// second after it.
     #[arg(long, env = "SECKILL_LOADTEST_JOIN_WINDOW_MS", default_value_t = 2000)]
     join_window_ms: u64,
+    /// With `--waiting-room`: this many bot accounts besides the buyers, each arriving at a
+    /// random moment of the join window, then joining and trying to buy `--bot-rate` times
+    /// a second (see `seckill_loadtest::bots`).
+    #[arg(long, env = "SECKILL_LOADTEST_BOTS", default_value_t = 0)]
+    bots: u64,
+    /// With `--bots`: joins, and purchase attempts, a second per bot.
+    #[arg(long, env = "SECKILL_LOADTEST_BOT_RATE", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    bot_rate: u32,
 }
 
 #[tokio::main]
@@ -231,6 +241,43 @@ async fn queued_sale(
         buyers.len(),
         window.as_millis()
     );
+    let base = args.gateway_url.trim_end_matches('/').to_string();
+    let auditor = buyers
+        .first()
+        .map(|b| b.authorization.clone())
+        .unwrap_or_default();
+    // A raffle's commitment, read before anyone joins.
+    let commitment = match mode {
+        "raffle" => Some(
+            draw::fetch(client, &base, product_id, &auditor)
+                .await?
+                .commitment,
+        ),
+        _ => None,
+    };
+    let bot_accounts = burst::mint_buyers(
+        minter,
+        args.first_user_id + i64::try_from(args.users).context("--users too large")?,
+        args.bots,
+        BUYER_TOKEN_TTL_SECS,
+    );
+    let (done, until_done) = tokio::sync::watch::channel(false);
+    let bot_run = tokio::spawn({
+        let (client, base) = (client.clone(), base.clone());
+        let (window, rate) = (window, args.bot_rate);
+        async move {
+            bots::run(
+                &client,
+                &base,
+                product_id,
+                bot_accounts,
+                window,
+                rate,
+                until_done,
+            )
+            .await
+        }
+    });
     let crowd = room::run(
         client,
         &args.gateway_url,
@@ -239,8 +286,23 @@ async fn queued_sale(
         window,
         concurrency,
     )
-    .await?;
-    let verdict = crowd.verdict(usize::try_from(args.stock).unwrap_or(0));
+    .await;
+    let _ = done.send(true);
+    let bot_run = bot_run.await.context("the bots' task")?;
+    let mut crowd = crowd?;
+    crowd.add(bot_run.trips.clone());
+    let audit = match &commitment {
+        Some(commitment) => {
+            let published = draw::fetch(client, &base, product_id, &auditor).await?;
+            match draw::Audit::new(commitment, &published) {
+                Ok(audit) => Some(Ok(audit)),
+                Err(problem) => Some(Err(problem)),
+            }
+        }
+        None => None,
+    };
+    let drawn = audit.as_ref().and_then(|a| a.as_ref().ok());
+    let verdict = crowd.verdict(usize::try_from(args.stock).unwrap_or(0), drawn);
     let accepted = crowd.accepted_ids();
     let waited = probe
         .wait_until_quiet(
@@ -252,7 +314,7 @@ async fn queued_sale(
     let observed = probe.observe(product_id, &accepted).await?;
     let facts = Facts {
         accepted: accepted.len() as i64,
-        distinct_users: args.users as i64,
+        distinct_users: (args.users + args.bots) as i64,
         every_buyer_answered: verdict.failed == 0,
         orders_in_db: observed.orders_in_db,
         distinct_buyers: observed.distinct_buyers,
@@ -267,6 +329,15 @@ async fn queued_sale(
         .map(|f| format!("{}: {}", f.name, f.detail))
         .collect();
     problems.extend(verdict.problems(usize::try_from(args.stock).unwrap_or(0)));
+    if args.bots > 0 {
+        problems.extend(bot_run.problems(
+            (args.users + args.bots) as usize,
+            usize::try_from(args.stock).unwrap_or(0),
+        ));
+    }
+    if let Some(Err(problem)) = &audit {
+        problems.push(format!("the draw: {problem}"));
+    }
     let latencies: Vec<Duration> = crowd.trips.iter().filter_map(|t| t.join_latency).collect();
     println!("waiting room ({mode}), product {product_id}");
     println!(
@@ -276,20 +347,58 @@ async fn queued_sale(
         crowd.wall.as_secs_f64()
     );
     println!("  ends: {:?}", verdict.told);
+    if let Some(audit) = drawn {
+        println!(
+            "  draw: seed matches the commitment read before the start; {} entries, ticket \
+             list matches every buyer's place: {}",
+            audit.ranks.len(),
+            verdict.misfiled.is_empty()
+        );
+    }
     println!(
-        "  winners in the first {} places: {} of {}",
+        "  winners in the first {} {}: {} of {}",
         args.stock,
+        if drawn.is_some() {
+            "ranks of the draw"
+        } else {
+            "places"
+        },
         verdict.accepted - verdict.out_of_order.len(),
         verdict.accepted
     );
-    println!(
-        "  winners among the first 110 % by send time: {:.1} %",
-        verdict.in_send_order * 100.0
-    );
+    if let Some(share) = verdict.in_send_order {
+        println!(
+            "  winners among the first 110 % by send time: {:.1} %",
+            share * 100.0
+        );
+    }
     println!(
         "  polls sent over 1 s after the sell-out not told sold_out: {}",
         verdict.late_polls
     );
+    if args.bots > 0 {
+        println!(
+            "  bots: {} sent {} requests in {:.1} s ({:.0}/s): {:?}",
+            args.bots,
+            bot_run.requests(),
+            bot_run.wall.as_secs_f64(),
+            bot_run.requests() as f64 / bot_run.wall.as_secs_f64().max(0.001),
+            bot_run.sent
+        );
+        println!(
+            "  bots won {} of {} units (their share of the buyers: {:.2}; allowed with noise: \
+             {}); purchases without a pass accepted: {}",
+            bot_run.winners(),
+            args.stock,
+            args.stock as f64 * args.bots as f64 / (args.users + args.bots) as f64,
+            bots::BotRun::allowed(
+                args.bots as usize,
+                (args.users + args.bots) as usize,
+                usize::try_from(args.stock).unwrap_or(0)
+            ),
+            bot_run.accepted_without_pass
+        );
+    }
     println!(
         "  orders {} (distinct buyers {}), stock {}, quiet after {:.1} s",
         observed.orders_in_db,

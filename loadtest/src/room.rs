@@ -1,10 +1,14 @@
-//! The waiting-room scenario (`seckill-loadtest --waiting-room fifo`): a crowd joins a queued
-//! sale within a short window before it starts, every buyer polls at the pace the gateway
-//! sets and buys once admitted, and [`Crowd::verdict`] checks what the room promises:
+//! The waiting-room scenario (`seckill-loadtest --waiting-room fifo|raffle`): a crowd joins a
+//! queued sale within a short window before it starts, every buyer polls at the pace the
+//! gateway sets and buys once admitted, and [`Crowd::verdict`] checks what the room promises:
 //!
-//! - the winners are exactly the first places handed out (the gateway's arrival order);
-//! - at least 95 % of them are among the first 110 % of buyers by the client's own send
-//!   time (the network and the gateway may reorder buyers who sent within a moment);
+//! - the winners are exactly the first in the order of admission: with `fifo` the first
+//!   places handed out (the gateway's arrival order), with `raffle` the first ranks of the
+//!   draw re-derived from the seed the room published ([`crate::draw`]), every buyer's place
+//!   in the published ticket list;
+//! - with `fifo`, at least 95 % of them are among the first 110 % of buyers by the client's
+//!   own send time (the network and the gateway may reorder buyers who sent within a
+//!   moment);
 //! - once the last unit sold, no poll sent a second later is answered anything but
 //!   `sold_out`.
 //!
@@ -21,6 +25,7 @@ use tokio::sync::Semaphore;
 use uuid::Uuid;
 
 use crate::burst::{Buyer, Queued};
+use crate::draw::Audit;
 
 /// How long a buyer keeps at it before giving up: far beyond any sale of this size.
 const PATIENCE: Duration = Duration::from_secs(180);
@@ -272,10 +277,12 @@ async fn trip(
 pub struct Verdict {
     /// Buyers answered `202`.
     pub accepted: usize,
-    /// Places of the winners that are not among the first `stock` places.
+    /// Ranks (places, or the draw's) of the winners that are not among the first `stock`.
     pub out_of_order: Vec<u64>,
-    /// Share of the winners among the first 110 % by send time.
-    pub in_send_order: f64,
+    /// Share of the winners among the first 110 % by send time (`fifo` only).
+    pub in_send_order: Option<f64>,
+    /// Buyers whose place the published ticket list gives to another user (`raffle`).
+    pub misfiled: Vec<i64>,
     /// Polls sent more than [`SOLD_OUT_WITHIN`] after the last `202` answered other than
     /// `sold_out`.
     pub late_polls: usize,
@@ -299,14 +306,22 @@ impl Verdict {
         }
         if !self.out_of_order.is_empty() {
             problems.push(format!(
-                "winners beyond the first {stock} places: {:?}",
+                "winners beyond the first {stock} in the order of admission: {:?}",
                 self.out_of_order
             ));
         }
-        if self.in_send_order < IN_ORDER_SHARE {
+        if let Some(share) = self.in_send_order
+            && share < IN_ORDER_SHARE
+        {
             problems.push(format!(
                 "only {:.1} % of the winners among the first 110 % by send time",
-                self.in_send_order * 100.0
+                share * 100.0
+            ));
+        }
+        if !self.misfiled.is_empty() {
+            problems.push(format!(
+                "buyers whose place the published ticket list gives to another: {:?}",
+                self.misfiled
             ));
         }
         if self.late_polls > 0 {
@@ -327,6 +342,16 @@ impl Verdict {
 }
 
 impl Crowd {
+    /// Adds `others`' trips (bots) and ranks every trip again by when its join was sent.
+    pub fn add(&mut self, others: Vec<Trip>) {
+        self.trips.extend(others);
+        let mut order: Vec<usize> = (0..self.trips.len()).collect();
+        order.sort_by_key(|&at| (self.trips[at].join_sent.is_none(), self.trips[at].join_sent));
+        for (rank, at) in order.into_iter().enumerate() {
+            self.trips[at].send_rank = rank;
+        }
+    }
+
     /// The request ids of the `202`s.
     pub fn accepted_ids(&self) -> Vec<Uuid> {
         self.trips
@@ -341,25 +366,41 @@ impl Crowd {
             .collect()
     }
 
-    /// The room's checks for a sale of `stock` units.
-    pub fn verdict(&self, stock: usize) -> Verdict {
+    /// The room's checks for a sale of `stock` units: of a `fifo` room, or with `draw`, of a
+    /// raffle's audited draw.
+    pub fn verdict(&self, stock: usize, draw: Option<&Audit>) -> Verdict {
         let winners: Vec<&Trip> = self
             .trips
             .iter()
             .filter(|t| t.bought_at.is_some())
             .collect();
+        let rank = |place: u64| draw.map_or(place, |d| d.rank(place));
         let out_of_order: Vec<u64> = winners
             .iter()
             .filter_map(|t| t.place)
-            .filter(|&place| place >= stock as u64)
+            .map(rank)
+            .filter(|&rank| rank >= stock as u64)
             .collect();
         let early = stock + stock.div_ceil(10);
         let in_order = winners.iter().filter(|t| t.send_rank < early).count();
-        let in_send_order = if winners.is_empty() {
-            0.0
-        } else {
-            in_order as f64 / winners.len() as f64
+        let in_send_order = match draw {
+            Some(_) => None,
+            None if winners.is_empty() => Some(0.0),
+            None => Some(in_order as f64 / winners.len() as f64),
         };
+        let misfiled = draw.map_or_else(Vec::new, |d| {
+            self.trips
+                .iter()
+                .filter(|t| {
+                    t.place.is_some_and(|place| {
+                        d.tickets
+                            .get(place as usize)
+                            .is_some_and(|&user| user != t.user_id)
+                    })
+                })
+                .map(|t| t.user_id)
+                .collect()
+        });
         let sold_out_at = (winners.len() == stock)
             .then(|| winners.iter().filter_map(|t| t.bought_at).max())
             .flatten();
@@ -392,6 +433,7 @@ impl Crowd {
             accepted: winners.len(),
             out_of_order,
             in_send_order,
+            misfiled,
             late_polls,
             failed,
             failures,
@@ -443,7 +485,7 @@ mod tests {
             join_spread: Duration::ZERO,
             wall: Duration::ZERO,
         };
-        let verdict = crowd.verdict(4);
+        let verdict = crowd.verdict(4, None);
         assert_eq!(verdict.problems(4), Vec::<String>::new());
         assert_eq!(crowd.accepted_ids().len(), 4);
     }
@@ -467,10 +509,43 @@ mod tests {
             join_spread: Duration::ZERO,
             wall: Duration::ZERO,
         };
-        let verdict = crowd.verdict(3);
+        let verdict = crowd.verdict(3, None);
         assert_eq!(verdict.out_of_order, [5]);
-        assert!((verdict.in_send_order - 2.0 / 3.0).abs() < 1e-9);
+        assert!((verdict.in_send_order.expect("fifo") - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(verdict.late_polls, 1);
         assert_eq!(verdict.problems(3).len(), 3, "{:?}", verdict.problems(3));
+    }
+
+    #[test]
+    fn a_raffle_is_judged_by_the_draws_ranks_and_ticket_list() {
+        let t0 = Instant::now();
+        let audit = Audit {
+            // Places 0..4 drawn as ranks 3, 0, 2, 1: places 1 and 3 are the first two.
+            ranks: vec![3, 0, 2, 1],
+            tickets: vec![10, 11, 12, 13],
+        };
+        let crowd = |winners: [u64; 2]| Crowd {
+            trips: (0..4)
+                .map(|place| {
+                    let end = if winners.contains(&place) {
+                        bought()
+                    } else {
+                        End::Told("sold_out".into())
+                    };
+                    // Sent in reverse: send order does not matter in a raffle.
+                    trip(10 + place as i64, 3 - place as usize, place, end, t0)
+                })
+                .collect(),
+            join_spread: Duration::ZERO,
+            wall: Duration::ZERO,
+        };
+        let drawn = crowd([1, 3]).verdict(2, Some(&audit));
+        assert_eq!(drawn.problems(2), Vec::<String>::new());
+        assert_eq!(drawn.in_send_order, None);
+        let arrival = crowd([0, 1]).verdict(2, Some(&audit));
+        assert_eq!(arrival.out_of_order, [3]);
+        let mut misfiled = crowd([1, 3]);
+        misfiled.trips[2].user_id = 99;
+        assert_eq!(misfiled.verdict(2, Some(&audit)).misfiled, [99]);
     }
 }
