@@ -9,11 +9,13 @@
 //! - [`stores`]: read-only access to the stores, the wait for quiet, the observed numbers.
 //! - [`check`]: the invariants, as pure functions.
 //! - [`report`]: the JSON report and the human summary.
+//! - [`pow`]: the solver of the waiting room's proof-of-work on joining.
 //! - [`chaos`]: the fault matrix.
 
 pub mod burst;
 pub mod chaos;
 pub mod check;
+pub mod pow;
 pub mod product;
 pub mod report;
 pub mod room;

@@ -1,7 +1,8 @@
 //! The proof-of-work on joining a waiting room (docs/DESIGN.md §9), through a real gateway
 //! in front of the real services: a join without a proof is refused with a challenge, a
 //! wrong, foreign or expired one is refused, a solved one joins; the difficulty rises with
-//! the room's join rate and falls back when the crowd is gone.
+//! the room's join rate and falls back when the crowd is gone; the load tester's buyers
+//! (`loadtest/src/pow.rs`) solve their way in.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,6 +14,8 @@ use serde_json::{Value, json};
 
 use gateway::room::pow;
 use gateway::room::{Challenge, Holder, RoomKey};
+use seckill_loadtest::burst::Buyer;
+use seckill_loadtest::room::End;
 use seckill_testkit::{INTERNAL_KEY, eventually};
 
 use crate::helpers::{Platform, spawn_platform_with_gateway, user_token};
@@ -326,4 +329,53 @@ async fn the_difficulty_rises_with_the_join_rate_and_falls_back_when_the_crowd_i
         .expect("the crowd let go of the platform")
         .shutdown()
         .await;
+}
+
+#[tokio::test]
+async fn the_load_testers_buyers_solve_the_challenge_a_refused_join_carries() {
+    let platform = spawn_platform_with_gateway(|s| {
+        s.room_pow_min_bits = 10;
+        s.room_pow_max_bits = 10;
+    })
+    .await;
+    let product = platform
+        .create_queued_product(2, Duration::from_secs(2))
+        .await;
+    let buyers: Vec<Buyer> = (601..=605)
+        .map(|user_id| Buyer {
+            user_id,
+            authorization: format!("Bearer {}", user_token(user_id)),
+        })
+        .collect();
+    let crowd = seckill_loadtest::room::run(
+        &platform.client,
+        &platform.gateway,
+        product,
+        buyers,
+        Duration::from_millis(200),
+        8,
+    )
+    .await
+    .expect("the crowd's trips");
+    let mut places: Vec<u64> = crowd.trips.iter().filter_map(|t| t.place).collect();
+    places.sort_unstable();
+    assert_eq!(
+        places,
+        [0, 1, 2, 3, 4],
+        "every buyer joined: {:?}",
+        crowd.trips
+    );
+    let bought = crowd
+        .trips
+        .iter()
+        .filter(|t| matches!(t.end, End::Bought { status: 202, .. }))
+        .count();
+    assert_eq!(bought, 2, "{:?}", crowd.trips);
+    let text = metrics(&platform).await;
+    let missing = metric(&text, "gateway_room_pow_failures_total{reason=\"missing\"}");
+    assert!(
+        missing >= Some(5.0),
+        "each asked for a proof first:\n{text}"
+    );
+    platform.shutdown().await;
 }
