@@ -259,6 +259,17 @@ pub struct Settings {
     /// Polls per second the waiting buyers of one room are paced to, all together: the
     /// pause each is told grows with the crowd.
     pub room_polls_per_sec: u32,
+    /// Proof-of-work on joining a waiting room: the difficulty (leading zero bits of a
+    /// SHA-256) asked while the room's join rate is below `room_pow_rate`; 0: no proof until
+    /// then. Only with `room_pow_max_bits` above 0.
+    pub room_pow_min_bits: u32,
+    /// The most difficulty the proof-of-work on joining may reach (at most 32, at least
+    /// `room_pow_min_bits`); 0, the default: no proof-of-work at all.
+    pub room_pow_max_bits: u32,
+    /// Joins per second of one room (all gateways together) from which the proof-of-work's
+    /// difficulty rises: one bit above `room_pow_min_bits` at this rate, one more at each
+    /// doubling of it.
+    pub room_pow_rate: u32,
 }
 
 impl Default for Settings {
@@ -338,6 +349,9 @@ impl Default for Settings {
             room_pass_ttl: Duration::from_secs(60),
             room_no_show: Duration::from_secs(10),
             room_polls_per_sec: 20_000,
+            room_pow_min_bits: 0,
+            room_pow_max_bits: 0,
+            room_pow_rate: 1000,
             rate_limit_redis_failure: RateLimitFailure::Open,
         }
     }
@@ -524,6 +538,17 @@ impl Settings {
         if self.room_no_show.is_zero() || self.room_no_show > self.room_pass_ttl {
             return Err("room_no_show_ms must be positive and at most room_pass_ttl_ms".into());
         }
+        if self.room_pow_max_bits > 32 {
+            return Err("room_pow_max_bits must be at most 32".into());
+        }
+        if self.room_pow_min_bits > self.room_pow_max_bits {
+            return Err(
+                "room_pow_min_bits must be at most room_pow_max_bits (0: proof-of-work off)".into(),
+            );
+        }
+        if self.room_pow_rate == 0 {
+            return Err("room_pow_rate must be positive".into());
+        }
         Ok(())
     }
 
@@ -546,6 +571,11 @@ impl Settings {
             },
             margin_percent: self.room_margin_percent,
             no_show: self.room_no_show,
+            pow: crate::room::PowSettings {
+                min_bits: self.room_pow_min_bits,
+                max_bits: self.room_pow_max_bits,
+                rate: self.room_pow_rate,
+            },
         }
     }
 
@@ -666,6 +696,27 @@ mod tests {
         let refused = with(501).validate().expect_err("501 ms is past the bound");
         assert!(refused.contains("sold_out_ttl_ms"), "{refused}");
         assert!(with(600_000).validate().is_err());
+    }
+
+    #[test]
+    fn proof_of_work_bits_out_of_range_are_refused() {
+        let pow = |min, max| Settings {
+            room_pow_min_bits: min,
+            room_pow_max_bits: max,
+            ..Settings::default()
+        };
+        assert_eq!(pow(0, 0).validate(), Ok(()));
+        assert_eq!(pow(0, 24).validate(), Ok(()));
+        assert_eq!(pow(32, 32).validate(), Ok(()));
+        assert!(!pow(0, 0).room_settings().pow.is_on(), "off by default");
+        let min_over_max = pow(8, 0).validate().expect_err("min above max");
+        assert!(min_over_max.contains("room_pow_min_bits"), "{min_over_max}");
+        assert!(pow(0, 33).validate().is_err());
+        let no_rate = Settings {
+            room_pow_rate: 0,
+            ..pow(0, 24)
+        };
+        assert!(no_rate.validate().is_err());
     }
 
     #[test]

@@ -51,8 +51,13 @@ pub const ROOM_ADMITTED: &str = "gateway_room_admitted";
 /// Admitted buyers whose pass is still good and who have not bought, by `product`.
 pub const ROOM_OUTSTANDING: &str = "gateway_room_admitted_not_bought";
 
+/// Joins refused for their proof-of-work, by `reason` (`missing`, `invalid`, `expired`).
+pub const ROOM_POW_FAILURES: &str = "gateway_room_pow_failures_total";
+/// The proof-of-work's difficulty asked of a join, in bits, by `product`.
+pub const ROOM_POW_BITS: &str = "gateway_room_pow_bits";
+
 /// Every name above.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 25] = [
     AUTH_FAILURES,
     TOKEN_VERIFICATIONS,
     RATE_LIMITED,
@@ -76,6 +81,8 @@ pub const ALL: [&str; 23] = [
     ROOM_JOINED,
     ROOM_ADMITTED,
     ROOM_OUTSTANDING,
+    ROOM_POW_FAILURES,
+    ROOM_POW_BITS,
 ];
 
 #[cfg(test)]

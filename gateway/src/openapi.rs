@@ -45,6 +45,7 @@ pub const BEARER: &str = "bearer";
         crate::sale_page::sale_page,
         crate::sale_page::sale_page_asset,
         crate::room::api::join,
+        crate::room::api::challenge,
         crate::room::api::poll,
         crate::room::api::draw,
         crate::room::api::purchase_with_pass,

@@ -15,7 +15,8 @@
 //! 5. **route** — 404 for a path no service owns (400 for one with dot segments, which a
 //!    backend could read differently), 401 without a valid token, 403 for a non-admin on an
 //!    admin route; the gateway's own routes are answered here: the waiting rooms'
-//!    ([`crate::room`], a token needed) and the buyer's page ([`crate::sale_page`], none);
+//!    ([`crate::room`], a token needed; a join's body, its optional proof-of-work, read
+//!    under step 6's limits) and the buyer's page ([`crate::sale_page`], none);
 //! 6. **body** — read whole, under the deadline (413, 400, 408), only now: a refused
 //!    request's body is never waited for;
 //! 7. **sold out** — a purchase of a product a replica just answered `410 sold_out` for is
@@ -294,7 +295,17 @@ impl Pipeline {
                 Some(request) => match caller {
                     Ok(caller) => {
                         seckill_telemetry::request_scope::record_i64("user_id", caller.user_id);
-                        self.rooms.respond(request, caller.user_id).await
+                        // A join's body may carry its proof-of-work: read under the usual
+                        // limits; the other room routes take none.
+                        let body = if matches!(request, room::RoomRequest::Join { .. }) {
+                            match incoming.body().await {
+                                Ok(body) => body,
+                                Err(e) => return proxy::refuse_body(e),
+                            }
+                        } else {
+                            bytes::Bytes::new()
+                        };
+                        self.rooms.respond(request, caller.user_id, &body).await
                     }
                     Err(reason) => auth::unauthorized(reason),
                 },

@@ -1,5 +1,6 @@
 //! The buyer's sale page, served by the gateway itself on its public port: `GET
-//! /sale/{product_id}` answers the page, `GET /sale/assets/{file}` its script and style sheet.
+//! /sale/{product_id}` answers the page, `GET /sale/assets/{file}` its script, its
+//! proof-of-work solver (a Web Worker's script) and its style sheet.
 //!
 //! The files live in `gateway/static/sale/` (plain HTML, CSS and JavaScript, no build step,
 //! nothing loaded from elsewhere) and are compiled into the binary. The page needs no token
@@ -38,6 +39,9 @@ const PAGE_TEMPLATE: &str = include_str!("../static/sale/index.html");
 /// The script.
 const SCRIPT: &str = include_str!("../static/sale/app.js");
 
+/// The proof-of-work solver, run by the script as a Web Worker.
+const POW_WORKER: &str = include_str!("../static/sale/pow.js");
+
 /// The style sheet.
 const STYLE: &str = include_str!("../static/sale/style.css");
 
@@ -50,7 +54,11 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
 /// assets, past any cache.
 static VERSION: LazyLock<String> = LazyLock::new(|| {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in SCRIPT.bytes().chain(STYLE.bytes()) {
+    for byte in SCRIPT
+        .bytes()
+        .chain(POW_WORKER.bytes())
+        .chain(STYLE.bytes())
+    {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -74,6 +82,7 @@ pub fn respond(method: &Method, path: &str) -> Response {
     if let Some(file) = path.strip_prefix(ASSETS) {
         return match file {
             "app.js" => asset("text/javascript; charset=utf-8", SCRIPT),
+            "pow.js" => asset("text/javascript; charset=utf-8", POW_WORKER),
             "style.css" => asset("text/css; charset=utf-8", STYLE),
             _ => error::response(StatusCode::NOT_FOUND, "not_found", "no such asset"),
         };
@@ -147,8 +156,9 @@ pub fn sale_page() {}
     path = "/sale/assets/{file}",
     operation_id = "sale_page_asset",
     tag = "operations",
-    summary = "The sale page's script and style sheet",
-    params(("file" = String, Path, description = "`app.js` or `style.css`.")),
+    summary = "The sale page's scripts and style sheet",
+    params(("file" = String, Path,
+        description = "`app.js`, `pow.js` (its proof-of-work solver, a Web Worker) or `style.css`.")),
     responses(
         (status = 200, description = "The file.",
             content((String = "text/javascript"), (String = "text/css")),
@@ -185,9 +195,26 @@ mod tests {
     }
 
     #[test]
+    fn the_worker_is_found_beside_the_script_and_versioned_with_it() {
+        // app.js starts the worker at its own URL with `app.js` replaced: the same version.
+        assert!(SCRIPT.contains("'/pow.js'") && SCRIPT.contains("new Worker("));
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in SCRIPT.bytes().chain(STYLE.bytes()) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        assert_ne!(
+            format!("{hash:016x}"),
+            *VERSION,
+            "the worker counts in the version"
+        );
+    }
+
+    #[test]
     fn assets_have_their_content_types_and_a_cache_lifetime() {
         for (file, content_type) in [
             ("app.js", "text/javascript; charset=utf-8"),
+            ("pow.js", "text/javascript; charset=utf-8"),
             ("style.css", "text/css; charset=utf-8"),
         ] {
             let answer = respond(&Method::GET, &format!("/sale/assets/{file}"));

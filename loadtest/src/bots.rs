@@ -286,15 +286,15 @@ mod tests {
             trips: (0..2).map(winner).collect(),
             ..BotRun::default()
         };
-        assert!(run.problems(20_000, 500).is_empty());
+        assert!(run.problems(2_000, 500).is_empty());
         run.accepted_without_pass = 1;
-        assert_eq!(run.problems(20_000, 500).len(), 1);
+        assert_eq!(run.problems(2_000, 500).len(), 1);
         run.accepted_without_pass = 0;
         run.trips = (0..10).map(winner).collect();
         assert_eq!(
-            run.problems(20_000, 500).len(),
+            run.problems(2_000, 500).len(),
             1,
-            "10 of 500 for 10 in 20,000"
+            "10 of 500 for 10 in 2,000"
         );
     }
 }

@@ -11,6 +11,7 @@
 //! - [`report`]: the JSON report and the human summary.
 //! - [`room`]: the waiting-room scenario and its checks; [`draw`]: a raffle audited;
 //!   [`bots`]: accounts that join and buy many times a second alongside the crowd.
+//! - [`pow`]: the solver of the waiting room's proof-of-work on joining.
 //! - [`chaos`]: the fault matrix.
 
 pub mod bots;
@@ -18,6 +19,7 @@ pub mod burst;
 pub mod chaos;
 pub mod check;
 pub mod draw;
+pub mod pow;
 pub mod product;
 pub mod report;
 pub mod room;

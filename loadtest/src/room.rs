@@ -150,6 +150,24 @@ async fn send(
     Ok((status, body.to_vec()))
 }
 
+/// A join's refusal that asks for a proof-of-work: its fresh challenge.
+#[derive(Debug, Clone, Deserialize)]
+struct PowChallenge {
+    code: String,
+    challenge: String,
+    bits: u32,
+}
+
+/// The challenge to solve, when `status` and `body` are a join's refusal for a missing or
+/// expired proof-of-work.
+fn pow_challenge((status, body): &(StatusCode, Vec<u8>)) -> Option<PowChallenge> {
+    let refused = [StatusCode::PRECONDITION_REQUIRED, StatusCode::FORBIDDEN].contains(status);
+    let challenge: PowChallenge = serde_json::from_slice(body).ok().filter(|_| refused)?;
+    ["proof_of_work_required", "proof_of_work_expired"]
+        .contains(&challenge.code.as_str())
+        .then_some(challenge)
+}
+
 /// One buyer: join, poll at the gateway's pace, buy when admitted.
 async fn trip(
     client: &Client,
@@ -170,12 +188,34 @@ async fn trip(
         join_latency: None,
     };
     let deadline = Instant::now() + PATIENCE;
+    let join_url = format!("{base}/api/rooms/{product_id}/join");
     let join = client
-        .post(format!("{base}/api/rooms/{product_id}/join"))
+        .post(&join_url)
         .header(AUTHORIZATION, &buyer.authorization);
     let sent = Instant::now();
     trip.join_sent = Some(sent);
-    let mut answer = match send(permits, join).await {
+    let mut joined = send(permits, join).await;
+    // A gateway asking for a proof-of-work: solve the challenge its refusal carries and join
+    // again (twice at most: a challenge may expire while it is solved).
+    for _ in 0..2 {
+        let Some(challenge) = joined.as_ref().ok().and_then(pow_challenge) else {
+            break;
+        };
+        let nonce = tokio::task::spawn_blocking({
+            let challenge = challenge.clone();
+            move || crate::pow::solve(&challenge.challenge, challenge.bits)
+        })
+        .await
+        .unwrap_or(u64::MAX);
+        let proof =
+            serde_json::json!({"challenge": challenge.challenge, "nonce": nonce.to_string()});
+        let again = client
+            .post(&join_url)
+            .header(AUTHORIZATION, &buyer.authorization)
+            .json(&proof);
+        joined = send(permits, again).await;
+    }
+    let mut answer = match joined {
         Ok((StatusCode::OK, body)) => match serde_json::from_slice::<RoomAnswer>(&body) {
             Ok(answer) => answer,
             Err(e) => {

@@ -6,7 +6,8 @@
 // Buyer A opens the page before the start (countdown), joins the line, is admitted, buys,
 // sees the order and pays it; buyer B joins behind A (waiting: one ahead) and is told the
 // sale is sold out once A bought. Each state is awaited by the page's `data-state`, never
-// by a fixed sleep. With a screenshot directory, each state is saved there as
+// by a fixed sleep. With SECKILL_SALE_POW=1 the gateway asks for a proof-of-work on joining:
+// both buyers must have gone through the page's `proving` state (its Web Worker) to join. With a screenshot directory, each state is saved there as
 // sale-<state>.png. Exits 0 when the whole flow was seen, 1 (with the reason) otherwise.
 // gateway/tests/api/sale_page.rs runs it; scripts/tools.sh installs Chromium and this
 // folder's node_modules.
@@ -24,6 +25,7 @@ if (!gateway || !productId || !tokenA || !tokenB) {
 // Generous: a loaded 2-core machine runs the whole platform beside this browser.
 const STEP_MS = 60_000;
 const CHROMIUM = process.env.SECKILL_CHROMIUM || '/usr/bin/chromium';
+const POW = process.env.SECKILL_SALE_POW === '1';
 
 const started = Date.now();
 const log = (message) => console.log(`[sale.mjs +${((Date.now() - started) / 1000).toFixed(1)}s] ${message}`);
@@ -125,13 +127,16 @@ try {
   await shot(a, 'paid');
   const history = await a.locator('body').getAttribute('data-history');
   // `bought` lasts until the first result poll: seen here, in the page's own record.
+  const proving = POW ? 'proving ' : '';
   check(
-    /^loading countdown (ready )?(waiting )?admitted bought ordered paid$/.test(history),
+    new RegExp(`^loading countdown (ready )?${proving}(waiting )?admitted bought ordered paid$`).test(history),
     `A went through: ${history}`,
   );
 
   // B: the one unit is gone.
   await reach(b, 'B', 'sold_out');
+  const historyB = await b.locator('body').getAttribute('data-history');
+  check(!POW || historyB.includes(' proving waiting'), `B went through: ${historyB}`);
   await shot(b, 'sold-out');
   console.log(`ORDER ${orderId}`);
   log('done');

@@ -3,6 +3,7 @@
 //!
 //! - [`ticket`] — what the gateway signs: a buyer's place (ticket) and admission (pass);
 //! - [`view`] — one room as a gateway knows it, and a poll's answer from it;
+//! - [`pow`] — the optional proof-of-work on joining, its difficulty from the join rate;
 //! - [`api`] — the room's routes in the API contract;
 //! - here — the rooms a gateway follows: joining (`join.lua`), the admission step every
 //!   tick (`advance.lua`, with the units left read from the stock buckets), and what the
@@ -20,6 +21,7 @@
 
 pub mod api;
 pub mod draw;
+pub mod pow;
 pub mod ticket;
 pub mod view;
 
@@ -38,7 +40,8 @@ use seckill_http1::{Response, with_date};
 use seckill_store::{Redis, RedisKeys};
 
 use crate::error;
-pub use ticket::{Holder, Pass, RoomKey, Ticket};
+pub use pow::PowSettings;
+pub use ticket::{Challenge, Holder, Pass, RoomKey, Ticket};
 pub use view::{Answer, Pacing, RoomView, State};
 
 /// A room nobody joined, polled or bought from for this long is no longer refreshed.
@@ -63,6 +66,8 @@ pub struct RoomSettings {
     /// After this long an admitted buyer who has not bought counts among those who may not
     /// (`room_no_show_ms`): only then does the margin admit others in their stead.
     pub no_show: Duration,
+    /// The proof-of-work on joining (`room_pow_*`).
+    pub pow: PowSettings,
 }
 
 /// What the gateway knows of one product's room.
@@ -78,6 +83,8 @@ struct Slot {
     seen: AtomicU64,
     /// Learnt from a `428`, to be refreshed on the next tick.
     pending: bool,
+    /// The join rate and the proof-of-work's difficulty it sets.
+    pow: pow::Difficulty,
 }
 
 /// The rooms this gateway follows.
@@ -111,6 +118,8 @@ pub enum RoomRequest<'a> {
     Poll { product_id: i64, ticket: &'a str },
     /// `GET /api/rooms/{product_id}/draw`.
     Draw { product_id: i64 },
+    /// `GET /api/rooms/{product_id}/challenge`.
+    Challenge { product_id: i64 },
 }
 
 /// The room's own routes live under this prefix.
@@ -131,6 +140,9 @@ pub fn room_request<'a>(method: &Method, path: &'a str) -> Option<RoomRequest<'a
     }
     if rest == "draw" && method == Method::GET {
         return Some(RoomRequest::Draw { product_id });
+    }
+    if rest == "challenge" && method == Method::GET {
+        return Some(RoomRequest::Challenge { product_id });
     }
     let ticket = rest.strip_prefix("tickets/")?;
     (method == Method::GET && !ticket.is_empty() && !ticket.contains('/'))
@@ -264,6 +276,7 @@ impl Rooms {
             refreshed: Instant::now(),
             seen: AtomicU64::new(self.since_start()),
             pending: false,
+            pow: pow::Difficulty::default(),
         });
         slot.pending = true;
     }
@@ -344,6 +357,7 @@ impl Rooms {
             refreshed: Instant::now(),
             seen: AtomicU64::new(seen),
             pending: false,
+            pow: pow::Difficulty::default(),
         });
         match (slot.view.is_some(), view.is_some()) {
             (false, true) => {
@@ -364,8 +378,14 @@ impl Rooms {
                 .set(view.joined as f64);
             metrics::gauge!(crate::metrics::ROOM_ADMITTED, "product" => product.clone())
                 .set(view.cursor as f64);
-            metrics::gauge!(crate::metrics::ROOM_OUTSTANDING, "product" => product)
+            metrics::gauge!(crate::metrics::ROOM_OUTSTANDING, "product" => product.clone())
                 .set(view.outstanding as f64);
+            if self.settings.pow.is_on() {
+                let rate = slot.pow.record(Instant::now(), view.line, view.joined);
+                slot.pow.bits = self.settings.pow.bits(rate);
+                metrics::gauge!(crate::metrics::ROOM_POW_BITS, "product" => product)
+                    .set(f64::from(slot.pow.bits));
+            }
         }
         Ok(view)
     }
@@ -470,18 +490,27 @@ impl Rooms {
         }
     }
 
-    /// Answers a request to the room's own routes for `user_id`.
-    pub async fn respond(&self, request: RoomRequest<'_>, user_id: i64) -> Response {
+    /// Answers a request to the room's own routes for `user_id`; `body`: the request's
+    /// (a join's proof-of-work, when any).
+    pub async fn respond(&self, request: RoomRequest<'_>, user_id: i64, body: &[u8]) -> Response {
         match request {
-            RoomRequest::Join { product_id } => self.join(product_id, user_id).await,
+            RoomRequest::Join { product_id } => self.join(product_id, user_id, body).await,
             RoomRequest::Poll { product_id, ticket } => {
                 self.poll(product_id, user_id, ticket).await
             }
             RoomRequest::Draw { product_id } => self.draw(product_id).await,
+            RoomRequest::Challenge { product_id } => self.challenge(product_id, user_id).await,
         }
     }
 
-    async fn join(&self, product_id: i64, user_id: i64) -> Response {
+    async fn join(&self, product_id: i64, user_id: i64, body: &[u8]) -> Response {
+        // Before any Redis work of the join's own: a join without its proof costs no more
+        // than a poll.
+        if self.settings.pow.is_on()
+            && let Some(refused) = self.check_proof(product_id, user_id, body).await
+        {
+            return refused;
+        }
         let joined = async {
             let mut conn = self.redis.get().await?;
             let reply: Vec<i64> = self
@@ -523,6 +552,105 @@ impl Rooms {
             [-1, ..] => error::response(StatusCode::GONE, "closed", "the sale has ended"),
             _ => no_room(),
         }
+    }
+
+    /// The room's current proof-of-work difficulty, as of its last step.
+    fn pow_bits(&self, product_id: i64) -> u32 {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots
+            .get(&product_id)
+            .map_or(self.settings.pow.bits(0), |slot| slot.pow.bits)
+    }
+
+    /// A fresh challenge for `holder` at the room's current difficulty.
+    fn issue_challenge(&self, holder: Holder, now: i64) -> api::ChallengeAnswer {
+        let challenge = Challenge {
+            issued_ms: now,
+            bits: self.pow_bits(holder.product_id),
+        };
+        api::ChallengeAnswer {
+            challenge: self.key.challenge(holder, challenge),
+            bits: challenge.bits,
+            expires_at_ms: now.saturating_add(pow::CHALLENGE_TTL_MS),
+        }
+    }
+
+    /// `GET /api/rooms/{product_id}/challenge`: a challenge for the caller (bits 0 while
+    /// no proof is asked).
+    async fn challenge(&self, product_id: i64, user_id: i64) -> Response {
+        let room = match self.room(product_id).await {
+            Ok(Some(room)) => room,
+            Ok(None) => return no_room(),
+            Err(e) => return redis_failed(&e),
+        };
+        let holder = Holder {
+            product_id,
+            user_id,
+            sale: room.start_ms,
+            line: room.line,
+        };
+        let mut response = json(StatusCode::OK, &self.issue_challenge(holder, now_ms()));
+        response.push_header(b"cache-control", b"no-store");
+        response
+    }
+
+    /// The refusal of a join whose proof-of-work is missing or does not hold, if it is
+    /// one: the room's difficulty is above 0 and `body` carries no challenge of the
+    /// caller's, unexpired, at least `room_pow_min_bits`, that its nonce solves. A challenge
+    /// is held to its own bits: one solved within its lifetime passes even if the
+    /// difficulty rose since.
+    async fn check_proof(&self, product_id: i64, user_id: i64, body: &[u8]) -> Option<Response> {
+        let proof = match api::JoinProof::parse(body) {
+            Ok(proof) => proof,
+            Err(message) => {
+                return Some(error::response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    message,
+                ));
+            }
+        };
+        let room = match self.room(product_id).await {
+            Ok(Some(room)) => room,
+            Ok(None) => return Some(no_room()),
+            Err(e) => return Some(redis_failed(&e)),
+        };
+        let now = now_ms();
+        // An ended sale is said so by the join itself.
+        if now >= room.end_ms || self.pow_bits(product_id) == 0 {
+            return None;
+        }
+        let holder = Holder {
+            product_id,
+            user_id,
+            sale: room.start_ms,
+            line: room.line,
+        };
+        let failure = match proof {
+            None => pow::Failure::Missing,
+            Some(proof) => match self.key.check_challenge(holder, &proof.challenge) {
+                Some(c) if c.bits < self.settings.pow.min_bits => pow::Failure::Invalid,
+                Some(c) if now >= c.issued_ms.saturating_add(pow::CHALLENGE_TTL_MS) => {
+                    pow::Failure::Expired
+                }
+                Some(c) if pow::solves(&proof.challenge, &proof.nonce, c.bits) => return None,
+                _ => pow::Failure::Invalid,
+            },
+        };
+        metrics::counter!(crate::metrics::ROOM_POW_FAILURES, "reason" => failure.label())
+            .increment(1);
+        let (status, code, message) = failure.refusal();
+        let fresh = self.issue_challenge(holder, now);
+        let body = api::PowRefusal {
+            code,
+            message,
+            challenge: fresh.challenge,
+            bits: fresh.bits,
+            expires_at_ms: fresh.expires_at_ms,
+        };
+        let mut response = json(status, &body);
+        response.push_header(b"cache-control", b"no-store");
+        Some(response)
     }
 
     async fn poll(&self, product_id: i64, user_id: i64, ticket: &str) -> Response {
@@ -888,6 +1016,33 @@ mod tests {
             "42/result",
         ] {
             assert_eq!(product_id(id), None, "{id}");
+        }
+    }
+
+    #[test]
+    fn the_room_routes_are_a_join_a_challenge_and_a_poll() {
+        assert_eq!(
+            room_request(&Method::POST, "/api/rooms/7/join"),
+            Some(RoomRequest::Join { product_id: 7 })
+        );
+        assert_eq!(
+            room_request(&Method::GET, "/api/rooms/7/challenge"),
+            Some(RoomRequest::Challenge { product_id: 7 })
+        );
+        assert_eq!(
+            room_request(&Method::GET, "/api/rooms/7/tickets/1.2.ab"),
+            Some(RoomRequest::Poll {
+                product_id: 7,
+                ticket: "1.2.ab"
+            })
+        );
+        for (method, path) in [
+            (Method::POST, "/api/rooms/7/challenge"),
+            (Method::GET, "/api/rooms/7/join"),
+            (Method::GET, "/api/rooms/07/challenge"),
+            (Method::GET, "/api/rooms/7/challenge/x"),
+        ] {
+            assert_eq!(room_request(&method, path), None, "{method} {path}");
         }
     }
 

@@ -5,8 +5,11 @@
 //! - A **pass** admits its buyer to one purchase until it expires, and is the last segment
 //!   of the buyer's own purchase path: `<rank>.<expires_ms>.<mac>`, the rank the buyer's
 //!   position in the order of admission (its place, but in a drawn raffle its draw's rank).
+//! - A **challenge** is a proof-of-work puzzle for a join (`super::pow`):
+//!   `<issued_ms>.<bits>.<mac>`; its MAC's place is the bits, its time the issue.
 //!
-//! The MAC is HMAC-SHA256 under the room key, of a kind (`ticket` or `pass`), the product,
+//! The MAC is HMAC-SHA256 under the room key, of a kind (`ticket`, `pass` or `challenge`),
+//! the product,
 //! the user, the sale (its start, unix ms: a sale moved to another time is another sale),
 //! the line (the number its room was created with: a line Redis lost and that started
 //! again is another line) and the fields above, each followed by `\n`; its first 16 bytes,
@@ -55,6 +58,15 @@ pub struct Pass {
     pub rank: u64,
     /// Until when it admits, unix ms.
     pub expires_ms: i64,
+}
+
+/// A checked challenge (its age not yet compared with the clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// When it was issued, unix ms.
+    pub issued_ms: i64,
+    /// Leading zero bits the proof's hash must have.
+    pub bits: u32,
 }
 
 /// The key tickets and passes are signed with: the same on every gateway replica.
@@ -145,6 +157,32 @@ impl RoomKey {
         let (rank, expires_ms) = self.check("pass", holder, text)?;
         Some(Pass { rank, expires_ms })
     }
+
+    /// The proof-of-work challenge for `holder`'s join: `<issued_ms>.<bits>.<mac>`.
+    pub fn challenge(&self, holder: Holder, challenge: Challenge) -> String {
+        let signed = self.sign(
+            "challenge",
+            holder,
+            u64::from(challenge.bits),
+            challenge.issued_ms,
+        );
+        // Signed as `<bits>.<issued_ms>.<mac>`, written with the time first.
+        let (_, rest) = signed.split_once('.').unwrap_or_default();
+        let (_, tag) = rest.split_once('.').unwrap_or_default();
+        format!("{}.{}.{tag}", challenge.issued_ms, challenge.bits)
+    }
+
+    /// `text` as a challenge issued to `holder`, if it is one (expired or not).
+    pub fn check_challenge(&self, holder: Holder, text: &str) -> Option<Challenge> {
+        let (issued, rest) = text.split_once('.')?;
+        let (bits, tag) = rest.split_once('.')?;
+        let (bits, issued_ms) =
+            self.check("challenge", holder, &format!("{bits}.{issued}.{tag}"))?;
+        Some(Challenge {
+            issued_ms,
+            bits: u32::try_from(bits).ok()?,
+        })
+    }
 }
 
 /// A decimal number as written by the gateway: digits only, no sign, no leading zero.
@@ -216,6 +254,64 @@ mod tests {
         assert_eq!(RoomKey::new(b"other key").check_ticket(HOLDER, &text), None);
         // A ticket is not a pass, however alike they look.
         assert_eq!(key.check_pass(HOLDER, &text), None);
+    }
+
+    #[test]
+    fn a_challenge_verifies_for_its_holder_only_and_its_bits_cannot_be_lowered() {
+        let key = RoomKey::new(b"room key");
+        let challenge = Challenge {
+            issued_ms: 1_700_000_000_456,
+            bits: 12,
+        };
+        let text = key.challenge(HOLDER, challenge);
+        assert!(text.starts_with("1700000000456.12."), "{text}");
+        assert_eq!(key.check_challenge(HOLDER, &text), Some(challenge));
+        for other in [
+            Holder {
+                user_id: 43,
+                ..HOLDER
+            },
+            Holder {
+                product_id: 8,
+                ..HOLDER
+            },
+            Holder {
+                sale: HOLDER.sale + 1,
+                ..HOLDER
+            },
+            Holder {
+                line: HOLDER.line + 1,
+                ..HOLDER
+            },
+        ] {
+            assert_eq!(key.check_challenge(other, &text), None, "{other:?}");
+        }
+        let tag = text.rsplit('.').next().unwrap();
+        for forged in [
+            format!("1700000000456.11.{tag}"),
+            format!("1700000000456.0.{tag}"),
+            format!("1700000000457.12.{tag}"),
+            format!("12.1700000000456.{tag}"),
+            format!("1700000000456.012.{tag}"),
+            "1700000000456.12".to_string(),
+            String::new(),
+        ] {
+            assert_eq!(key.check_challenge(HOLDER, &forged), None, "{forged}");
+        }
+        // Neither a ticket nor a pass of the same numbers is a challenge, nor the reverse.
+        let ticket = key.ticket(
+            HOLDER,
+            Ticket {
+                place: 12,
+                joined_ms: challenge.issued_ms,
+            },
+        );
+        assert_eq!(key.check_challenge(HOLDER, &ticket), None);
+        assert_eq!(key.check_ticket(HOLDER, &text), None);
+        assert_eq!(
+            RoomKey::new(b"other key").check_challenge(HOLDER, &text),
+            None
+        );
     }
 
     #[test]

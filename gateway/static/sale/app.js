@@ -6,6 +6,7 @@
 //   token      no token yet: a paste field
 //   countdown  before the start (a waiting room may be joined already)
 //   ready      the sale is on: join the line (or buy, when the sale has no waiting room)
+//   proving    the gateway asks for a proof-of-work to join: solved in a Web Worker (pow.js)
 //   waiting    in line: place, buyers ahead, estimated wait; polled at the server's pace
 //   admitted   a pass to buy, and its time left
 //   bought     the purchase accepted; its result polled until it is decided
@@ -23,14 +24,19 @@
   const productId = decodeURIComponent(location.pathname.split('/')[2] || '');
   const ticketKey = `seckill.ticket.${productId}`;
   const $ = (id) => document.getElementById(id);
+  // The worker's script, beside this one and of the same version.
+  const POW_URL = (document.currentScript?.src || `${location.origin}/sale/assets/app.js`).replace('/app.js', '/pow.js');
+  // A join's refusals that carry a challenge to solve.
+  const POW_CODES = ['proof_of_work_required', 'proof_of_work_expired', 'invalid_proof_of_work'];
 
   /** An answer of the API that was not a success. */
   class ApiError extends Error {
-    constructor(status, code, message, retryAfterMs) {
+    constructor(status, code, message, retryAfterMs, body = null) {
       super(message);
       this.status = status;
       this.code = code;
       this.retryAfterMs = retryAfterMs;
+      this.body = body;
     }
   }
 
@@ -124,13 +130,15 @@
 
   // --- the API ---------------------------------------------------------------------------
 
-  async function api(method, path, headers = {}) {
+  async function api(method, path, headers = {}, json = undefined) {
     let response;
     try {
+      const sent = json === undefined ? {} : { 'content-type': 'application/json' };
       response = await fetch(path, {
         method,
         cache: 'no-store',
-        headers: { accept: 'application/json', authorization: `Bearer ${page.token}`, ...headers },
+        headers: { accept: 'application/json', authorization: `Bearer ${page.token}`, ...sent, ...headers },
+        body: json === undefined ? undefined : JSON.stringify(json),
       });
     } catch (e) {
       throw new ApiError(0, 'network_error', `The platform could not be reached (${e.message}).`, 2000);
@@ -156,6 +164,7 @@
         (body && body.code) || `http_${response.status}`,
         (body && body.message) || response.statusText || 'request failed',
         Number.isFinite(retry) && retry > 0 ? retry * 1000 : null,
+        body,
       );
     }
     return body;
@@ -272,19 +281,60 @@
       : 'Join the line: buyers are let in in the order they arrive.';
   }
 
-  async function join(button) {
+  /** Solves the challenge of a join's refusal in a Web Worker, showing its progress;
+   * resolves to the join's body. */
+  function prove(refusal) {
+    setState('proving');
+    $('proving-progress').textContent = '';
+    return new Promise((resolve, reject) => {
+      const worker = new Worker(POW_URL);
+      const fail = (message) => {
+        worker.terminate();
+        reject(new ApiError(0, 'proof_of_work_failed', `The puzzle could not be solved here (${message}).`));
+      };
+      worker.onmessage = (event) => {
+        const m = event.data || {};
+        if (typeof m.nonce === 'string') {
+          worker.terminate();
+          resolve({ challenge: refusal.challenge, nonce: m.nonce });
+        } else if (m.progress) {
+          const share = Math.min(99, Math.floor((100 * m.progress) / m.expected));
+          $('proving-progress').textContent = `About ${share} % of the expected work done.`;
+        } else if (m.error) {
+          fail(m.error);
+        }
+      };
+      worker.onerror = (event) => fail(event.message || 'the worker stopped');
+      worker.postMessage({ challenge: refusal.challenge, bits: refusal.bits });
+    });
+  }
+
+  async function join(button, proof = undefined, proofs = 0) {
     if (page.room === 'open') {
       buy(button);
       return;
     }
     button.disabled = true;
     try {
-      const answer = await api('POST', `/api/rooms/${productId}/join`);
+      const answer = await api('POST', `/api/rooms/${productId}/join`, {}, proof);
       page.ticket = answer.ticket;
       sessionStorage.setItem(ticketKey, page.ticket);
       onRoomAnswer(answer);
     } catch (e) {
       if (tokenRefused(e)) return;
+      if (POW_CODES.includes(e.code) && e.body && typeof e.body.challenge === 'string' && proofs < 3) {
+        // The gateway asks for a proof-of-work (its challenge comes with the refusal).
+        let solution;
+        try {
+          solution = await prove(e.body);
+        } catch (failed) {
+          beforeJoining();
+          showError(failed);
+          return;
+        }
+        join(button, solution, proofs + 1);
+        return;
+      }
       if (e.code === 'no_waiting_room') {
         // An open sale: bought directly.
         page.room = 'open';
@@ -299,6 +349,8 @@
         setState('closed');
         return;
       }
+      // Back to the join button, should a proof have gone before.
+      if (state() === 'proving') beforeJoining();
       showError(e);
     } finally {
       button.disabled = false;

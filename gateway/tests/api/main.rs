@@ -21,6 +21,7 @@ mod metric_names;
 mod openapi;
 mod operator;
 mod overload;
+mod proof_of_work;
 mod ratelimit;
 mod raw;
 mod runbook;

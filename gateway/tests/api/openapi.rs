@@ -19,6 +19,7 @@ const PUBLIC_OPERATIONS: &[(&str, &str)] = &[
     ("post", "/api/seckill/{product_id}/{pass}"),
     ("get", "/api/seckill/{product_id}/result"),
     ("post", "/api/rooms/{product_id}/join"),
+    ("get", "/api/rooms/{product_id}/challenge"),
     ("get", "/api/rooms/{product_id}/tickets/{ticket}"),
     ("get", "/api/rooms/{product_id}/draw"),
     ("get", "/api/products"),
@@ -123,12 +124,17 @@ fn the_openapi_document_is_valid_3_1_and_names_every_public_route_with_its_refus
     for (method, path, operation) in &operations {
         let id = operation["operationId"].as_str().expect("an operationId");
         assert!(ids.insert(id.to_string()), "operationId {id} used twice");
-        // Every error answer is the contract's body.
+        // Every error answer is the contract's body (a join's proof-of-work refusals: the
+        // same with a fresh challenge).
         for (status, response) in operation["responses"].as_object().expect("responses") {
             if status.starts_with('4') || status.starts_with('5') {
+                let schema = &response["content"]["application/json"]["schema"]["$ref"];
+                let pow = path == "/api/rooms/{product_id}/join"
+                    && ["403", "428"].contains(&status.as_str());
+                let expected = if pow { "PowRefusal" } else { "ErrorBody" };
                 assert_eq!(
-                    response["content"]["application/json"]["schema"]["$ref"],
-                    "#/components/schemas/ErrorBody",
+                    *schema,
+                    format!("#/components/schemas/{expected}"),
                     "{method} {path} {status}"
                 );
             }
@@ -175,6 +181,15 @@ fn the_openapi_document_is_valid_3_1_and_names_every_public_route_with_its_refus
     assert!(too_many.contains("too_many_purchases"), "{too_many}");
     let unadmitted = purchase["428"]["description"].as_str().expect("428");
     assert!(unadmitted.contains("admission_required"), "{unadmitted}");
+    let refusal = &document["components"]["schemas"]["PowRefusal"];
+    for field in ["code", "message", "challenge", "bits", "expires_at_ms"] {
+        assert!(
+            refusal["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&Value::from(field))),
+            "PowRefusal requires {field}: {refusal}"
+        );
+    }
     let with_pass = &document["paths"]["/api/seckill/{product_id}/{pass}"]["post"]["responses"];
     let refused = with_pass["403"]["description"].as_str().expect("403");
     assert!(refused.contains("pass_expired"), "{refused}");

@@ -1,7 +1,8 @@
 //! The buyer's sale page (`gateway/src/sale_page.rs`): served by the gateway without a token,
 //! and driven in a real browser — Debian's Chromium under playwright-core
 //! (`scripts/browser/sale.mjs`) — from the countdown to a paid order, with a second buyer
-//! told the sale is sold out. `scripts/tools.sh` installs Chromium and the script's
+//! told the sale is sold out; the gateway asks for a proof-of-work on joining, which the
+//! page solves in its Web Worker (`gateway/static/sale/pow.js`). `scripts/tools.sh` installs Chromium and the script's
 //! node_modules; without them the browser test fails, naming it.
 //!
 //! `SECKILL_UPDATE_SCREENSHOTS=1` writes each state's screenshot into `docs/screenshots/`
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::echo::{settings, spawn_echo, spawn_gateway};
-use crate::helpers::{spawn_platform, user_token};
+use crate::helpers::{spawn_platform_with_gateway, user_token};
 
 /// How far ahead the browser test's sale starts: Chromium must start and show the
 /// countdown before it, on a loaded machine too.
@@ -22,6 +23,9 @@ const START_IN: Duration = Duration::from_secs(10);
 
 /// The whole browser run's limit (each step in it waits 60 s at most).
 const BROWSER_LIMIT: Duration = Duration::from_secs(300);
+
+/// The proof-of-work the browser run's gateway asks of every join: a few thousand hashes.
+const POW_BITS: u32 = 12;
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -39,15 +43,23 @@ async fn the_page_and_its_assets_are_served_without_a_token_and_anything_else_is
     assert!(page.headers().contains_key("content-security-policy"));
     let html = page.text().await.expect("html");
     assert!(html.contains("data-state"), "{html}");
+    let version = html
+        .split('"')
+        .find_map(|part| part.strip_prefix("/sale/assets/app.js?v="))
+        .unwrap_or_else(|| panic!("the page refers to app.js: {html}"))
+        .to_string();
     for (file, content_type) in [
         ("app.js", "text/javascript; charset=utf-8"),
+        // Not named by the page: app.js starts it as a Web Worker from its own URL.
+        ("pow.js", "text/javascript; charset=utf-8"),
         ("style.css", "text/css; charset=utf-8"),
     ] {
-        let reference = html
-            .split('"')
-            .find(|part| part.starts_with(&format!("/sale/assets/{file}?v=")))
-            .unwrap_or_else(|| panic!("the page refers to {file}: {html}"));
-        let asset = gateway.get(reference).send().await.expect("asset");
+        let reference = format!("/sale/assets/{file}?v={version}");
+        assert!(
+            file == "pow.js" || html.contains(&reference),
+            "the page refers to {reference}: {html}"
+        );
+        let asset = gateway.get(&reference).send().await.expect("asset");
         assert_eq!(asset.status(), 200, "{reference}");
         assert_eq!(asset.headers()["content-type"], content_type);
         assert_eq!(asset.headers()["cache-control"], "public, max-age=86400");
@@ -96,7 +108,11 @@ async fn a_buyer_goes_from_the_countdown_to_a_paid_order_in_a_real_browser() {
             "{missing}: run scripts/tools.sh (it installs Chromium and scripts/browser's npm packages)"
         );
     }
-    let platform = spawn_platform().await;
+    let platform = spawn_platform_with_gateway(|s| {
+        s.room_pow_min_bits = POW_BITS;
+        s.room_pow_max_bits = POW_BITS;
+    })
+    .await;
     let product = platform.create_queued_product(1, START_IN).await;
     let (buyer, second) = (501, 502);
     let screenshots = std::env::var_os("SECKILL_UPDATE_SCREENSHOTS")
@@ -105,6 +121,7 @@ async fn a_buyer_goes_from_the_countdown_to_a_paid_order_in_a_real_browser() {
     let started = Instant::now();
     let mut command = tokio::process::Command::new("node");
     command
+        .env("SECKILL_SALE_POW", "1")
         .arg(repository().join("scripts/browser/sale.mjs"))
         .arg(&platform.gateway)
         .arg(product.to_string())
@@ -147,5 +164,16 @@ async fn a_buyer_goes_from_the_countdown_to_a_paid_order_in_a_real_browser() {
             .expect("orders");
     db.close().await;
     assert_eq!(orders, [(shown, buyer, "paid".to_string())]);
+    // Both joined with a proof: each was asked for one first.
+    let metrics = reqwest::get(format!("{}/metrics", platform.gateway_admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("gateway_room_pow_failures_total{reason=\"missing\"}"),
+        "{metrics}"
+    );
     platform.shutdown().await;
 }
