@@ -8,12 +8,14 @@
 //! - [`burst`]: pre-minted tokens, the concurrent burst, latency and status tallies.
 //! - [`stores`]: read-only access to the stores, the wait for quiet, the observed numbers.
 //! - [`check`]: the invariants, as pure functions.
+//! - [`pollers`]: a crowd waiting in line, polling at the gateway's pace, and what it costs.
 //! - [`report`]: the JSON report and the human summary.
 //! - [`chaos`]: the fault matrix.
 
 pub mod burst;
 pub mod chaos;
 pub mod check;
+pub mod pollers;
 pub mod product;
 pub mod report;
 pub mod room;
