@@ -8,6 +8,7 @@
 //! - [`burst`]: pre-minted tokens, the concurrent burst, latency and status tallies.
 //! - [`stores`]: read-only access to the stores, the wait for quiet, the observed numbers.
 //! - [`check`]: the invariants, as pure functions.
+//! - [`pollers`]: a crowd waiting in line, polling at the gateway's pace, and what it costs.
 //! - [`report`]: the JSON report and the human summary.
 //! - [`room`]: the waiting-room scenario and its checks; [`draw`]: a raffle audited;
 //!   [`bots`]: accounts that join and buy many times a second alongside the crowd.
@@ -19,6 +20,7 @@ pub mod burst;
 pub mod chaos;
 pub mod check;
 pub mod draw;
+pub mod pollers;
 pub mod pow;
 pub mod product;
 pub mod report;

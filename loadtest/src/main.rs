@@ -16,7 +16,7 @@ use seckill_auth::TokenMinter;
 use seckill_loadtest::check::{self, Facts};
 use seckill_loadtest::report::Report;
 use seckill_loadtest::stores::Probe;
-use seckill_loadtest::{bots, burst, draw, product, room};
+use seckill_loadtest::{bots, burst, draw, pollers, product, room};
 
 /// Validity of the buyers' tokens: comfortably longer than any burst plus the wait for quiet.
 const BUYER_TOKEN_TTL_SECS: i64 = 3600;
@@ -115,6 +115,19 @@ struct Args {
     #[arg(long, env = "SECKILL_LOADTEST_BOT_RATE", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     bot_rate: u32,
+    /// With `--waiting-room`: no sale; this many buyers join a room whose sale starts in an
+    /// hour and poll at the gateway's pace for `--poll-for-secs`, and the cost of their polls
+    /// is reported (see `seckill_loadtest::pollers`).
+    #[arg(long, env = "SECKILL_LOADTEST_POLLERS", requires = "waiting_room",
+          value_parser = clap::value_parser!(u64).range(1..=4_000_000_000))]
+    pollers: Option<u64>,
+    /// With `--pollers`: how long they poll.
+    #[arg(long, env = "SECKILL_LOADTEST_POLL_FOR_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    poll_for_secs: u64,
+    /// With `--pollers`: the gateway's process id, to sample its resident memory and CPU.
+    #[arg(long, env = "SECKILL_LOADTEST_GATEWAY_PID")]
+    gateway_pid: Option<u32>,
 }
 
 #[tokio::main]
@@ -140,6 +153,23 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .issuer(&args.jwt_issuer)
         .audience(&args.jwt_audience);
 
+    if let (Some(mode), Some(pollers)) = (&args.waiting_room, args.pollers) {
+        let options = pollers::Options {
+            gateway_url: args.gateway_url.clone(),
+            mode: mode.clone(),
+            stock: args.stock,
+            price_cents: args.price_cents,
+            pollers,
+            first_user_id: args.first_user_id,
+            connections: concurrency,
+            poll_for: Duration::from_secs(args.poll_for_secs),
+            gateway_pid: args.gateway_pid,
+            redis_url: args.redis_url.clone(),
+            token_ttl_secs: BUYER_TOKEN_TTL_SECS,
+            report: args.report.clone(),
+        };
+        return pollers::scenario(&client, &minter, &options).await;
+    }
     if let Some(mode) = &args.waiting_room {
         return queued_sale(&args, mode, &probe, &client, &minter, concurrency).await;
     }
