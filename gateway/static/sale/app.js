@@ -220,7 +220,7 @@
       return;
     }
     renderProduct();
-    if (page.product.waiting_room === 'fifo' || page.product.waiting_room === 'open') {
+    if (['fifo', 'raffle', 'open'].includes(page.product.waiting_room)) {
       page.room = page.product.waiting_room;
     }
     // Back on the page after a purchase: pick up where it stands.
@@ -380,13 +380,19 @@
     switch (answer.state) {
       case 'waiting': {
         setState('waiting');
-        $('place').textContent = `#${answer.place + 1}`;
-        $('ahead').textContent = String(answer.ahead);
+        // A raffle's place is the draw's rank once drawn; before the draw nobody's is known.
+        const drawn = answer.rank !== undefined && answer.rank !== null;
+        const position = drawn ? answer.rank : answer.place;
+        $('place').textContent = drawn ? `#${position + 1} in the draw` : `#${position + 1}`;
+        $('ahead').textContent = answer.ahead === null ? 'drawn at the start' : String(answer.ahead);
         $('wait').textContent = answer.wait_ms > 0 ? `about ${duration(answer.wait_ms)}` : 'any moment';
         const startsIn = answer.starts_at_ms - now();
+        const raffle = answer.ahead === null
+          ? 'You are in the draw: the order of the line is drawn when the sale starts. '
+          : '';
         $('waiting-note').textContent = startsIn > 0
-          ? `The sale starts in ${duration(startsIn)}. Keep this page open: it updates by itself.`
-          : 'Keep this page open: it updates by itself.';
+          ? `${raffle}The sale starts in ${duration(startsIn)}. Keep this page open: it updates by itself.`
+          : `${raffle}Keep this page open: it updates by itself.`;
         later(page.pollAfterMs, poll);
         break;
       }
