@@ -5,8 +5,9 @@
 //! until the crowd is done it sends, at `rate` a second each: a join (the same place every
 //! time; its answer tells the bot its state, so the joins are also its polls) and a purchase
 //! attempt — without a pass, with the gateway's `admitted` query written by itself, or with
-//! a forged pass, in turn. When a join's answer admits it, the bot buys once with its own
-//! pass, as a buyer would. So the bots hold places by arrival like everyone, and the verdict
+//! a forged pass, in turn. When a join's answer admits it, the bot buys with its own pass,
+//! as a buyer would, and sends nothing else until that purchase has a final answer (a `429`
+//! from the rate limit its other attempts ran into is tried again on the next tick). So the bots hold places by arrival like everyone, and the verdict
 //! ([`BotRun::problems`]) checks that they win no more than their share of the buyers, and
 //! that no attempt without a pass the gateway gave was ever accepted.
 
@@ -164,6 +165,7 @@ async fn one(
         format!("/api/seckill/{product_id}/0.99999999999999.00000000000000000000000000000000"),
     ];
     let mut turn = 0usize;
+    let mut pass: Option<String> = None;
     loop {
         if *done.borrow() {
             break;
@@ -200,11 +202,21 @@ async fn one(
             } else {
                 trip.polls.push((request_sent, joined.state == "sold_out"));
             }
-            if trip.bought_at.is_none()
+            if pass.is_none()
                 && matches!(trip.end, End::Told(_))
                 && let Some(path) = joined.purchase_path.filter(|_| joined.state == "admitted")
             {
-                // Admitted: buy once with its own pass, as any buyer.
+                pass = Some(path);
+            } else if !matches!(trip.end, End::Bought { .. }) {
+                trip.end = End::Told(joined.state);
+            }
+        }
+        if let Some(path) = pass.as_deref()
+            && !matches!(trip.end, End::Bought { status, .. } if final_answer(status))
+        {
+            {
+                // Admitted: buy with its own pass, as any buyer, until a final answer (a
+                // `429` or a `5xx` is tried again on the next tick, with nothing else sent).
                 let bought = client
                     .post(format!("{base}{path}"))
                     .header(AUTHORIZATION, &bot.authorization)
@@ -224,9 +236,8 @@ async fn one(
                     trip.bought_at = Some(Instant::now());
                 }
                 trip.end = End::Bought { status, request_id };
-            } else if !matches!(trip.end, End::Bought { .. }) {
-                trip.end = End::Told(joined.state);
             }
+            continue;
         }
         // A purchase it was not given a pass for.
         let path = &forged[turn % forged.len()];
@@ -252,6 +263,11 @@ async fn one(
         }
     }
     (trip, sent, accepted_without_pass)
+}
+
+/// Whether a purchase's `status` settles it (a retry would get the same).
+fn final_answer(status: u16) -> bool {
+    !(status == 0 || status == 429 || status >= 500)
 }
 
 #[cfg(test)]
