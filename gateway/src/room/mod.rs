@@ -866,6 +866,36 @@ impl Rooms {
             }
         }
     }
+
+    /// Notes that the backends could not take a purchase with a pass of `product_id` (a
+    /// `502`, `503` or `504`): for [`PUSHBACK_HOLD`] its room admits no faster than they
+    /// accept.
+    pub async fn pushed_back(&self, product_id: i64) {
+        metrics::counter!(crate::metrics::ROOM_PUSHBACK).increment(1);
+        let recorded = async {
+            let mut conn = self.redis.get().await?;
+            redis::cmd("HSET")
+                .arg(self.keys.room(product_id))
+                .arg("pushback_ms")
+                .arg(now_ms())
+                .query_async::<i64>(&mut conn)
+                .await
+        }
+        .await;
+        if let Err(e) = recorded {
+            metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
+            tracing::warn!(product_id, error = %e, "could not record the backends' pushback");
+        }
+    }
+}
+
+/// Whether a purchase's answer says the backends could not take it: seckill-api's own
+/// `503`, or the proxy's `502`, `503` (no replica) or `504`.
+pub fn is_pushback(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 /// The view `advance.lua` returned, the admissions it returned appended to those of

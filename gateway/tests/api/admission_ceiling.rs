@@ -1,11 +1,17 @@
 //! The admission rate's ceiling (docs/DESIGN.md §9): `advance.lua` on a real Redis with its
-//! clock passed in (no sleeping).
+//! clock passed in (no sleeping), and a purchase with a pass the backends cannot take,
+//! through a gateway, recorded as their pushback.
+
+use std::time::Duration;
 
 use redis::{Script, Value};
 
 use gateway::room::{PUSHBACK_HOLD, now_ms};
 use seckill_store::{RedisConn, RedisKeys};
-use seckill_testkit::TestNamespace;
+use seckill_testkit::ports::free_port;
+use seckill_testkit::{TestNamespace, eventually};
+
+use crate::helpers::{spawn_platform, user_token};
 
 /// The operator's setting, as `Rooms::refresh` passes it.
 const SETTING: i64 = 500;
@@ -188,4 +194,69 @@ async fn while_pushback_is_recent_and_nothing_was_accepted_the_room_admits_one_a
     // Exactly the hold after the only pushback: the setting again.
     assert_eq!(room.step(t0 + 3_000).await.1, SETTING);
     ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_purchase_with_a_pass_the_backends_cannot_take_is_recorded_as_pushback() {
+    let mut platform = spawn_platform().await;
+    let product = platform
+        .create_queued_product(5, Duration::from_millis(200))
+        .await;
+    let user = 301;
+    let joined: serde_json::Value = platform
+        .post(&format!("/api/rooms/{product}/join"), &user_token(user))
+        .await
+        .json()
+        .await
+        .expect("join");
+    let ticket = joined["ticket"].as_str().expect("ticket").to_string();
+    let path = eventually("admitted", Duration::from_secs(10), || async {
+        let answer: serde_json::Value = platform
+            .get(
+                &format!("/api/rooms/{product}/tickets/{ticket}"),
+                &user_token(user),
+            )
+            .await
+            .json()
+            .await
+            .ok()?;
+        answer["purchase_path"].as_str().map(str::to_string)
+    })
+    .await;
+    // A gateway whose seckill-api replica is gone: the pass is good, nothing takes it.
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let cut_off = platform
+        .add_gateway_with(|settings| settings.seckill_api_urls = vec![closed])
+        .await;
+    let room = platform.ns.keys().room(product);
+    let pushback = || async {
+        let mut redis = platform.ns.redis().await;
+        redis::cmd("HGET")
+            .arg(&room)
+            .arg("pushback_ms")
+            .query_async::<Option<i64>>(&mut redis)
+            .await
+            .expect("hget")
+    };
+    assert_eq!(pushback().await, None, "no pushback before any");
+
+    let sent = now_ms();
+    let answer = platform
+        .client
+        .post(format!("{cut_off}{path}"))
+        .bearer_auth(user_token(user))
+        .send()
+        .await
+        .expect("purchase");
+    assert!(
+        [502, 503, 504].contains(&answer.status().as_u16()),
+        "{}",
+        answer.status()
+    );
+    let at = eventually("the pushback recorded", Duration::from_secs(5), || async {
+        pushback().await
+    })
+    .await;
+    assert!(at >= sent, "recorded at {at}, sent at {sent}");
+    platform.shutdown().await;
 }
