@@ -50,6 +50,10 @@ pub const ROOM_JOINED: &str = "gateway_room_joined";
 pub const ROOM_ADMITTED: &str = "gateway_room_admitted";
 /// Admitted buyers whose pass is still good and who have not bought, by `product`.
 pub const ROOM_OUTSTANDING: &str = "gateway_room_admitted_not_bought";
+/// The admissions per second a room's last step credited, by `product`.
+pub const ROOM_ADMIT_RATE: &str = "gateway_room_admit_rate";
+/// Purchases with a pass the backends could not take (`502`, `503`, `504`).
+pub const ROOM_PUSHBACK: &str = "gateway_room_pushback_total";
 
 /// Joins refused for their proof-of-work, by `reason` (`missing`, `invalid`, `expired`).
 pub const ROOM_POW_FAILURES: &str = "gateway_room_pow_failures_total";
@@ -57,7 +61,7 @@ pub const ROOM_POW_FAILURES: &str = "gateway_room_pow_failures_total";
 pub const ROOM_POW_BITS: &str = "gateway_room_pow_bits";
 
 /// Every name above.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 27] = [
     AUTH_FAILURES,
     TOKEN_VERIFICATIONS,
     RATE_LIMITED,
@@ -81,6 +85,8 @@ pub const ALL: [&str; 25] = [
     ROOM_JOINED,
     ROOM_ADMITTED,
     ROOM_OUTSTANDING,
+    ROOM_ADMIT_RATE,
+    ROOM_PUSHBACK,
     ROOM_POW_FAILURES,
     ROOM_POW_BITS,
 ];

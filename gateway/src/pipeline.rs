@@ -381,12 +381,15 @@ impl Pipeline {
                 self.rooms.learn(id);
             }
         }
-        if let Some((product_id, rank)) = admitted
-            && response.status == StatusCode::ACCEPTED
-        {
-            // Not awaited: the answer does not wait on Redis (the record is idempotent).
-            let (rooms, user_id) = (self.rooms.clone(), caller.user_id);
-            tokio::spawn(async move { rooms.bought(product_id, rank, user_id).await });
+        if let Some((product_id, rank)) = admitted {
+            // Not awaited: the answer does not wait on Redis (the records are idempotent).
+            let rooms = self.rooms.clone();
+            if response.status == StatusCode::ACCEPTED {
+                let user_id = caller.user_id;
+                tokio::spawn(async move { rooms.bought(product_id, rank, user_id).await });
+            } else if crate::room::is_pushback(response.status) {
+                tokio::spawn(async move { rooms.pushed_back(product_id).await });
+            }
         }
         response
     }

@@ -92,7 +92,9 @@ impl RedisKeys {
     /// writes its set-up — `mode` (`open`, `fifo`, `raffle`), `start_ms`, `end_ms`, `stock`,
     /// `buckets` — from Postgres; the gateway's scripts keep its counters: `joined` (tickets
     /// handed out), `cursor` (places below it are admitted), `advanced_ms`, `credit`,
-    /// `sold_out`. In the product's slot, so one script reads it with [`Self::product_state`].
+    /// `sold_out`, and for the rate's ceiling `rate_ms`, `rate_bought`, `accepted_per_sec`
+    /// and `pushback_ms` (when the backends last could not take a purchase with a pass). In
+    /// the product's slot, so one script reads it with [`Self::product_state`].
     pub fn room(&self, product_id: i64) -> String {
         self.product(product_id, "room")
     }

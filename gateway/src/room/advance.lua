@@ -6,21 +6,29 @@
 -- ARGV[4] pass lifetime ms, ARGV[5] ms after which an admitted buyer who has not bought
 -- counts as one who may not, ARGV[6] units left (read from the stock buckets just before),
 -- ARGV[7] return admissions from this ms on, ARGV[8] the bought set's size when the units
--- left were read
+-- left were read, ARGV[9] how long (ms) after the backends last pushed back (a purchase with
+-- a pass answered 502, 503 or 504: the room hash's `pushback_ms`) the admission rate stays
+-- held to what they accepted
 -- Returns {mode, start, end, joined, cursor, sold out (0/1), floor, outstanding, line,
--- entries, seed, admits...} where floor is the cursor before the first admission returned,
+-- entries, seed, rate, admits...} where floor is the cursor before the first admission returned,
 -- line the number seckill-api named the line with when it created the room, entries and
--- seed a raffle's once entry closed (-1 and '' until then, and for fifo), and admits are
+-- seed a raffle's once entry closed (-1 and '' until then, and for fifo), rate the admissions
+-- per second this step credited (ARGV[2], or its ceiling while held), and admits are
 -- pairs (cursor after, ms). The cursor counts ranks: places, or in a raffle the draw's.
 -- A raffle's entry closes at the first step (or join) from the sale's start on: the places
 -- handed out before it are drawn; the seed is returned from then on, never before.
+-- The accepted rate: the bought set's growth over a window of at least a second (`rate_ms`
+-- its start, `rate_bought` the set's size then), kept as `accepted_per_sec`. While the
+-- backends pushed back in the last ARGV[9] ms, the rate is at most a quarter above it, and
+-- at least one a second (a room never stalls); before any window closed, ARGV[2].
 local room = KEYS[1]
 local f = redis.call('HMGET', room, 'mode', 'start_ms', 'end_ms', 'joined', 'cursor',
-  'advanced_ms', 'credit', 'settled', 'line', 'entries', 'seed')
+  'advanced_ms', 'credit', 'settled', 'line', 'entries', 'seed', 'rate_ms', 'rate_bought',
+  'accepted_per_sec', 'pushback_ms')
 local mode = f[1] or ''
 local start_ms, end_ms = tonumber(f[2]), tonumber(f[3])
 if (mode ~= 'fifo' and mode ~= 'raffle') or start_ms == nil or end_ms == nil then
-  return {mode, 0, 0, 0, 0, 0, 0, 0, 0, -1, ''}
+  return {mode, 0, 0, 0, 0, 0, 0, 0, 0, -1, '', 0}
 end
 local now = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -29,10 +37,12 @@ local ttl = tonumber(ARGV[4])
 local no_show = tonumber(ARGV[5])
 local remaining = tonumber(ARGV[6])
 local since = tonumber(ARGV[7])
+local hold = tonumber(ARGV[9])
+local bought_size = redis.call('ZCARD', KEYS[3])
 -- Purchases recorded since the buckets were read: their units are no longer left to admit
 -- buyers for (some may be counted twice: fewer admitted for a tick, never more). The room
 -- is sold out by the buckets alone.
-local left = math.max(0, remaining - (redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])))
+local left = math.max(0, remaining - (bought_size - tonumber(ARGV[8])))
 local joined = tonumber(f[4]) or 0
 local cursor = tonumber(f[5]) or 0
 local advanced = tonumber(f[6]) or now
@@ -50,6 +60,20 @@ end
 local seed = ''
 if mode == 'raffle' and entries >= 0 then
   seed = f[11] or ''
+end
+local rate_ms, rate_bought = tonumber(f[12]), tonumber(f[13])
+local accepted = tonumber(f[14])
+if rate_ms == nil or rate_bought == nil or now < rate_ms then
+  rate_ms, rate_bought = now, bought_size
+elseif now - rate_ms >= 1000 then
+  -- A bought set lost (the line started again) counts as nothing accepted, never less.
+  accepted = math.max(0, bought_size - rate_bought) * 1000 / (now - rate_ms)
+  rate_ms, rate_bought = now, bought_size
+  redis.call('HSET', room, 'accepted_per_sec', accepted)
+end
+local pushback = tonumber(f[15])
+if pushback ~= nil and accepted ~= nil and now - pushback < hold then
+  rate = math.min(rate, math.max(1, math.ceil(accepted * 1.25)))
 end
 local credit = tonumber(f[7]) or 0
 local settled = tonumber(f[8]) or 0
@@ -93,7 +117,7 @@ end
 -- Keep what the oldest pass still needs, and a little more for gateways a tick behind.
 redis.call('ZREMRANGEBYSCORE', admits, '-inf', now - ttl - 10000)
 redis.call('HSET', room, 'cursor', cursor, 'advanced_ms', now, 'credit', credit,
-  'settled', settled, 'sold_out', sold_out)
+  'settled', settled, 'sold_out', sold_out, 'rate_ms', rate_ms, 'rate_bought', rate_bought)
 if cursor > 0 then
   redis.call('PEXPIREAT', admits, end_ms + 86400000)
 end
@@ -102,13 +126,13 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 
 local reply = {mode, start_ms, end_ms, joined, cursor, sold_out, 0, outstanding,
-  tonumber(f[9]) or 0, entries, seed}
+  tonumber(f[9]) or 0, entries, seed, rate}
 -- From `since` on, inclusive: an admission scored at the very ms of the caller's newest one
 -- may be another gateway's (the caller skips those it has, by cursor).
 local newer = redis.call('ZRANGEBYSCORE', admits, since, '+inf', 'WITHSCORES')
 local floor = redis.call('ZREVRANGEBYSCORE', admits, '(' .. since, '-inf', 'LIMIT', 0, 1)
 reply[7] = tonumber(floor[1]) or settled
 for i = 1, #newer do
-  reply[11 + i] = tonumber(newer[i])
+  reply[12 + i] = tonumber(newer[i])
 end
 return reply

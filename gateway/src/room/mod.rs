@@ -52,6 +52,9 @@ pub const RECHECK_OFF: Duration = Duration::from_secs(1);
 pub const STALE_AFTER: Duration = Duration::from_secs(3);
 /// A product found without a room is forgotten once nobody asked about it for this long.
 pub const OFF_KEPT: Duration = Duration::from_secs(5);
+/// For this long after the backends last pushed back (a purchase with a pass answered `502`,
+/// `503` or `504`), a room admits no faster than a quarter above the rate they accepted.
+pub const PUSHBACK_HOLD: Duration = Duration::from_secs(2);
 
 /// The room settings.
 #[derive(Debug, Clone, Copy)]
@@ -331,6 +334,7 @@ impl Rooms {
                     .arg(remaining)
                     .arg(since)
                     .arg(bought)
+                    .arg(u64::try_from(PUSHBACK_HOLD.as_millis()).unwrap_or(u64::MAX))
                     .invoke_async(&mut conn)
                     .await?;
                 // Not `known`: the tick's own step is no buyer's interest in the room.
@@ -380,6 +384,8 @@ impl Rooms {
                 .set(view.cursor as f64);
             metrics::gauge!(crate::metrics::ROOM_OUTSTANDING, "product" => product.clone())
                 .set(view.outstanding as f64);
+            metrics::gauge!(crate::metrics::ROOM_ADMIT_RATE, "product" => product.clone())
+                .set(view.admit_per_sec as f64);
             if self.settings.pow.is_on() {
                 let rate = slot.pow.record(Instant::now(), view.line, view.joined);
                 slot.pow.bits = self.settings.pow.bits(rate);
@@ -860,6 +866,36 @@ impl Rooms {
             }
         }
     }
+
+    /// Notes that the backends could not take a purchase with a pass of `product_id` (a
+    /// `502`, `503` or `504`): for [`PUSHBACK_HOLD`] its room admits no faster than they
+    /// accept.
+    pub async fn pushed_back(&self, product_id: i64) {
+        metrics::counter!(crate::metrics::ROOM_PUSHBACK).increment(1);
+        let recorded = async {
+            let mut conn = self.redis.get().await?;
+            redis::cmd("HSET")
+                .arg(self.keys.room(product_id))
+                .arg("pushback_ms")
+                .arg(now_ms())
+                .query_async::<i64>(&mut conn)
+                .await
+        }
+        .await;
+        if let Err(e) = recorded {
+            metrics::counter!(crate::metrics::ROOM_ERRORS).increment(1);
+            tracing::warn!(product_id, error = %e, "could not record the backends' pushback");
+        }
+    }
+}
+
+/// Whether a purchase's answer says the backends could not take it: seckill-api's own
+/// `503`, or the proxy's `502`, `503` (no replica) or `504`.
+pub fn is_pushback(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 /// The view `advance.lua` returned, the admissions it returned appended to those of
@@ -908,7 +944,8 @@ fn parse_advance(
             .map_or(p.floor, |&(cursor, _)| cursor),
         _ => unsigned(6)?,
     };
-    let mut at = 11;
+    let admit_per_sec = unsigned(11)?;
+    let mut at = 12;
     while let (Some(cursor), Some(ms)) = (unsigned(at), number(at + 1)) {
         if admits.back().is_none_or(|&(last, _)| cursor > last) {
             admits.push_back((cursor, ms));
@@ -926,6 +963,7 @@ fn parse_advance(
         sold_out: number(5)? == 1,
         floor,
         outstanding: unsigned(7)?,
+        admit_per_sec,
         admits,
     })
 }

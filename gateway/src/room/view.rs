@@ -43,6 +43,9 @@ pub struct RoomView {
     pub sold_out: bool,
     /// Admitted, passes still valid, not bought.
     pub outstanding: u64,
+    /// The admissions per second the last step credited: `room_admit_per_sec`, or its
+    /// ceiling while the backends push back.
+    pub admit_per_sec: u64,
     /// The cursor before the oldest admission in `admits`: a rank below it was admitted
     /// longer ago than any pass lives.
     pub floor: u64,
@@ -229,6 +232,7 @@ mod tests {
             cursor: 300,
             sold_out: false,
             outstanding: 50,
+            admit_per_sec: 100,
             floor: 100,
             admits: VecDeque::from([(200, 20_000), (300, 21_000)]),
         }

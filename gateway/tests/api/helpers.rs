@@ -134,7 +134,16 @@ fn gateway_settings(
 impl Platform {
     /// Starts another gateway replica in front of the same services; returns its URL.
     pub async fn add_gateway(&mut self) -> String {
-        let settings = gateway_settings(&self.ns, &self.seckill_api, &self.order_service);
+        self.add_gateway_with(|_| {}).await
+    }
+
+    /// Starts another gateway replica with its settings adjusted by `configure`.
+    pub async fn add_gateway_with(
+        &mut self,
+        configure: impl FnOnce(&mut gateway::Settings),
+    ) -> String {
+        let mut settings = gateway_settings(&self.ns, &self.seckill_api, &self.order_service);
+        configure(&mut settings);
         let gateway = gateway::Application::build(settings)
             .await
             .expect("build gateway");

@@ -4,6 +4,7 @@
 //! `echo` runs the gateway alone in front of a stand-in backend that answers with what it
 //! received: the token, rate-limit, upstream and overload tests use it.
 
+mod admission_ceiling;
 mod compose;
 mod compose_exposure;
 mod configuration;
