@@ -12,7 +12,8 @@
 -- Returns {mode, start, end, joined, cursor, sold out (0/1), floor, outstanding, line,
 -- entries, seed, rate, admits...} where floor is the cursor before the first admission returned,
 -- line the number seckill-api named the line with when it created the room, entries and
--- seed a raffle's once entry closed (-1 and '' until then, and for fifo), rate the admissions
+-- seed a raffle's once entry closed (-1 and '' until then; for fifo, '' and any entries a
+-- raffle the room once was recorded), rate the admissions
 -- per second this step credited (ARGV[2], or its ceiling while held), and admits are
 -- pairs (cursor after, ms). The cursor counts ranks: places, or in a raffle the draw's.
 -- A raffle's entry closes at the first step (or join) from the sale's start on: the places
@@ -63,7 +64,9 @@ if mode == 'raffle' and entries >= 0 then
 end
 local rate_ms, rate_bought = tonumber(f[12]), tonumber(f[13])
 local accepted = tonumber(f[14])
-if rate_ms == nil or rate_bought == nil or now < rate_ms then
+-- Windows start at the sale's start at the earliest: nothing is accepted before it, and a
+-- rate measured then would hold the first second's admissions to one.
+if rate_ms == nil or rate_bought == nil or now < rate_ms or now < start_ms then
   rate_ms, rate_bought = now, bought_size
 elseif now - rate_ms >= 1000 then
   -- A bought set lost (the line started again) counts as nothing accepted, never less.
@@ -100,7 +103,9 @@ if remaining <= 0 then
   sold_out = 1
 end
 local dt = math.max(0, math.min(now - advanced, 1000))
-if now < start_ms or now >= end_ms or sold_out == 1 then
+-- A raffle closed without a seed (a room set up by a seckill-api that wrote none) has no
+-- order to admit in: nobody is, until a seed is there.
+if now < start_ms or now >= end_ms or sold_out == 1 or (mode == 'raffle' and seed == '') then
   credit = 0
 else
   credit = math.min(credit + rate * dt / 1000, math.max(rate, 1))

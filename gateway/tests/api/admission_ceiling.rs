@@ -103,6 +103,17 @@ impl Room {
         (int(4), int(11))
     }
 
+    /// Writes one field of the room hash, as seckill-api's set-up would.
+    async fn set(&mut self, field: &str, value: &str) {
+        let _: i64 = redis::cmd("HSET")
+            .arg(self.keys.room(PRODUCT))
+            .arg(field)
+            .arg(value)
+            .query_async(&mut self.conn)
+            .await
+            .expect("hset");
+    }
+
     async fn accepted(&mut self) -> Option<f64> {
         redis::cmd("HGET")
             .arg(self.keys.room(PRODUCT))
@@ -194,6 +205,42 @@ async fn while_pushback_is_recent_and_nothing_was_accepted_the_room_admits_one_a
     // Exactly the hold after the only pushback: the setting again.
     assert_eq!(room.step(t0 + 3_000).await.1, SETTING);
     ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_rate_measured_before_the_start_does_not_hold_the_first_second() {
+    let ns = TestNamespace::new();
+    let t0 = now_ms();
+    // The sale starts at t0 + 2 s (`Room::new` starts it a minute before its argument).
+    let mut room = Room::new(&ns, t0 + 62_000).await;
+    for tick in 0..20 {
+        assert_eq!(
+            room.step(t0 + tick * 100).await,
+            (0, SETTING),
+            "before the start"
+        );
+    }
+    // Pushback in the sale's first moments: no window has closed within the sale, so
+    // nothing says what the backends accept, and the setting holds.
+    room.push_back(t0 + 2_000).await;
+    let (_, rate) = room.step(t0 + 2_100).await;
+    assert_eq!(rate, SETTING, "no rate measured yet within the sale");
+    assert_eq!(room.accepted().await, None);
+}
+
+#[tokio::test]
+async fn a_raffle_closed_without_a_seed_admits_nobody_until_one_is_written() {
+    let ns = TestNamespace::new();
+    let t0 = now_ms();
+    let mut room = Room::new(&ns, t0).await;
+    room.set("mode", "raffle").await;
+    for tick in 0..=5 {
+        let (cursor, _) = room.step(t0 + tick * 100).await;
+        assert_eq!(cursor, 0, "no seed, no order to admit in");
+    }
+    room.set("seed", "5eed").await;
+    let (cursor, _) = room.step(t0 + 600).await;
+    assert!(cursor > 0, "admitted once the seed is there: {cursor}");
 }
 
 #[tokio::test]
