@@ -72,6 +72,8 @@ pub struct DrawAnswer<'a> {
         (status = 200, description = "The draw as published so far.", body = DrawAnswer<'_>),
         (status = 404, description = "`no_waiting_room`: the product has no waiting room on; \
             `no_draw`: its room admits in order of arrival.", body = ErrorBody),
+        (status = 503, description = "`unavailable`: the room's Redis did not answer, or its \
+            seed is not set up yet (retry after `Retry-After`).", body = ErrorBody),
     ),
 )]
 pub fn draw() {}

@@ -16,7 +16,6 @@
 //! before anyone entered, it was not chosen to favour any entry.
 
 use std::fmt::Write;
-use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -33,8 +32,8 @@ pub struct Draw {
     pub entries: u64,
     /// The rank of each place below `entries`.
     ranks: Vec<u32>,
-    /// The ticket list as published, once read.
-    tickets: std::sync::OnceLock<Arc<Vec<i64>>>,
+    /// The draw route's answer, made once (`super::Rooms`): a drawn raffle's never changes.
+    pub published: tokio::sync::OnceCell<bytes::Bytes>,
 }
 
 impl PartialEq for Draw {
@@ -88,19 +87,8 @@ impl Draw {
             seed: seed.to_owned(),
             entries,
             ranks,
-            tickets: std::sync::OnceLock::new(),
+            published: tokio::sync::OnceCell::new(),
         })
-    }
-
-    /// The ticket list (the user of each entry, by place), if kept.
-    pub fn tickets(&self) -> Option<Arc<Vec<i64>>> {
-        self.tickets.get().cloned()
-    }
-
-    /// Keeps the ticket list read for this draw (the first kept wins: the list of a closed
-    /// draw does not change).
-    pub fn keep_tickets(&self, users: Vec<i64>) -> Arc<Vec<i64>> {
-        self.tickets.get_or_init(|| Arc::new(users)).clone()
     }
 
     /// The rank of `place`: its index in the drawn order, or its place when it joined after

@@ -102,7 +102,18 @@ pub struct Rooms {
     started: Instant,
     join: Script,
     advance: Script,
+    /// The draw of each raffle this gateway drew, or is drawing: one per product, for its
+    /// seed and entries; callers that need it meanwhile wait for the one under way.
+    draws: std::sync::Mutex<HashMap<i64, Drawing>>,
+    pushback: Script,
 }
+
+/// A raffle's draw, once made; made once however many refreshes want it at once.
+type Drawing = (
+    String,
+    u64,
+    std::sync::Arc<tokio::sync::OnceCell<Option<std::sync::Arc<draw::Draw>>>>,
+);
 
 impl std::fmt::Debug for Rooms {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,6 +243,13 @@ impl Rooms {
             started: Instant::now(),
             join: Script::new(include_str!("join.lua")),
             advance: Script::new(include_str!("advance.lua")),
+            draws: std::sync::Mutex::new(HashMap::new()),
+            // Only into a room that exists: a hash Redis dropped (or a sale long over) is
+            // not made again with this one field and no expiry.
+            pushback: Script::new(
+                "if redis.call('EXISTS', KEYS[1]) == 1 then \
+                 return redis.call('HSET', KEYS[1], 'pushback_ms', ARGV[1]) end return 0",
+            ),
         }
     }
 
@@ -346,7 +364,7 @@ impl Rooms {
                     .and_then(|slot| slot.view.clone());
                 match parse_advance(&reply, previous.as_deref(), now - ttl - 10_000) {
                     Some(mut view) => {
-                        view.draw = drawn(&reply, previous.as_deref()).await;
+                        view.draw = self.drawn(product_id, &reply, previous.as_deref()).await;
                         Some(std::sync::Arc::new(view))
                     }
                     None => None,
@@ -456,6 +474,59 @@ impl Rooms {
         Ok(total.min(stock.max(0)).max(0))
     }
 
+    /// The draw of a raffle whose entry closed, from the step's `reply`: `previous`'s when it
+    /// is of the same seed and entries, else the one this gateway made or is making for
+    /// them (off the runtime's threads: one SHA-256 per entry), made once however many
+    /// refreshes ask at once; `None` for `fifo` and before the close.
+    async fn drawn(
+        &self,
+        product_id: i64,
+        reply: &[Value],
+        previous: Option<&RoomView>,
+    ) -> Option<std::sync::Arc<draw::Draw>> {
+        let entries = match reply.get(9) {
+            Some(Value::Int(n)) => u64::try_from(*n).ok()?,
+            _ => return None,
+        };
+        let seed = match reply.get(10) {
+            Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok()?.to_owned(),
+            _ => return None,
+        };
+        if seed.is_empty() {
+            return None;
+        }
+        if let Some(draw) = previous.and_then(|p| p.draw.as_ref())
+            && draw.entries == entries
+            && draw.seed == seed
+        {
+            return Some(draw.clone());
+        }
+        let cell = {
+            let mut draws = self.draws.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = draws
+                .entry(product_id)
+                .or_insert_with(|| (seed.clone(), entries, Default::default()));
+            if slot.0 != seed || slot.1 != entries {
+                *slot = (seed.clone(), entries, Default::default());
+            }
+            slot.2.clone()
+        };
+        cell.get_or_init(|| async move {
+            let started = Instant::now();
+            let draw = tokio::task::spawn_blocking(move || draw::Draw::new(&seed, entries))
+                .await
+                .ok()??;
+            tracing::info!(
+                entries,
+                took_ms = started.elapsed().as_millis() as u64,
+                "waiting room: raffle drawn"
+            );
+            Some(std::sync::Arc::new(draw))
+        })
+        .await
+        .clone()
+    }
+
     /// Takes the admission step of every room followed, every tick, until `cancel`.
     pub async fn run(self: std::sync::Arc<Self>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.settings.tick);
@@ -481,6 +552,10 @@ impl Rooms {
                     }
                     keep
                 });
+                self.draws
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|id, _| slots.contains_key(id));
                 slots
                     .iter()
                     .filter(|(_, slot)| slot.view.is_some() || slot.pending)
@@ -683,7 +758,8 @@ impl Rooms {
 
     /// A raffle's draw as published: the seed's commitment from the room's creation on; the
     /// seed, the entries and the ticket list (the user of each entry, by place) once entry
-    /// closed and this gateway drew.
+    /// closed and this gateway drew. A drawn raffle's answer never changes: it is made once
+    /// (one read of the ticket list, however many ask at once) and kept with the draw.
     async fn draw(&self, product_id: i64) -> Response {
         let room = match self.room(product_id).await {
             Ok(Some(room)) => room,
@@ -697,54 +773,65 @@ impl Rooms {
                 "this sale's waiting room admits in order of arrival: it has no draw",
             );
         }
-        let read = async {
-            let mut conn = self.redis.get().await?;
-            let seed: Option<String> = redis::cmd("HGET")
-                .arg(self.keys.room(product_id))
-                .arg("seed")
-                .query_async(&mut conn)
-                .await?;
-            let tickets = match &room.draw {
-                Some(drawn) => Some(self.tickets(&mut conn, product_id, drawn).await?),
-                None => None,
-            };
-            Ok::<_, RedisError>((seed, tickets))
-        }
-        .await;
-        let (seed, tickets) = match read {
-            Ok(read) => read,
-            Err(e) => return redis_failed(&e),
+        let body = match &room.draw {
+            Some(drawn) => {
+                let made = drawn
+                    .published
+                    .get_or_try_init(|| self.publish(product_id, room.start_ms, drawn))
+                    .await;
+                match made {
+                    Ok(body) => body.clone(),
+                    Err(e) => return redis_failed(&e),
+                }
+            }
+            None => {
+                let seed = async {
+                    let mut conn = self.redis.get().await?;
+                    redis::cmd("HGET")
+                        .arg(self.keys.room(product_id))
+                        .arg("seed")
+                        .query_async::<Option<String>>(&mut conn)
+                        .await
+                }
+                .await;
+                let seed = match seed {
+                    Ok(Some(seed)) => seed,
+                    // Set up by a seckill-api that wrote no seed: nothing committed to yet.
+                    Ok(None) => {
+                        return error::unavailable(
+                            "this raffle's seed is not set up yet, retry shortly",
+                        );
+                    }
+                    Err(e) => return redis_failed(&e),
+                };
+                let before = api::DrawAnswer {
+                    commitment: draw::commitment(&seed),
+                    closes_at_ms: room.start_ms,
+                    entries: None,
+                    seed: None,
+                    tickets: None,
+                };
+                Bytes::from(serde_json::to_vec(&before).unwrap_or_default())
+            }
         };
-        let Some(seed) = seed else {
-            // Created by a seckill-api that wrote no seed: nothing was committed to.
-            return error::unavailable("this raffle's seed is not set up yet, retry shortly");
-        };
-        let body = api::DrawAnswer {
-            commitment: draw::commitment(&seed),
-            closes_at_ms: room.start_ms,
-            entries: room.draw.as_ref().map(|d| d.entries),
-            seed: room.draw.as_ref().map(|d| d.seed.clone()),
-            tickets: tickets.as_deref().map(Vec::as_slice),
-        };
-        let mut response = json(StatusCode::OK, &body);
+        let mut response = json(StatusCode::OK, &());
+        response.body = body;
         response.push_header(b"cache-control", b"no-store");
         response
     }
 
-    /// The user of each entry of a closed raffle, by place (`0` for a place whose ticket is
-    /// gone, never seen); read once per draw and kept.
-    async fn tickets(
+    /// The published answer of `drawn`: its commitment from its own seed, and the user of
+    /// each entry, by place (`0` for a place whose ticket is gone, never seen).
+    async fn publish(
         &self,
-        conn: &mut seckill_store::RedisConn,
         product_id: i64,
-        drawn: &std::sync::Arc<draw::Draw>,
-    ) -> Result<std::sync::Arc<Vec<i64>>, RedisError> {
-        if let Some(kept) = drawn.tickets() {
-            return Ok(kept);
-        }
+        closes_at_ms: i64,
+        drawn: &draw::Draw,
+    ) -> Result<Bytes, RedisError> {
+        let mut conn = self.redis.get().await?;
         let all: HashMap<i64, String> = redis::cmd("HGETALL")
             .arg(self.keys.room_tickets(product_id))
-            .query_async(conn)
+            .query_async(&mut conn)
             .await?;
         let mut users = vec![0i64; usize::try_from(drawn.entries).unwrap_or(0)];
         for (user, held) in all {
@@ -755,7 +842,14 @@ impl Rooms {
                 *slot = user;
             }
         }
-        Ok(drawn.keep_tickets(users))
+        let body = api::DrawAnswer {
+            commitment: draw::commitment(&drawn.seed),
+            closes_at_ms,
+            entries: Some(drawn.entries),
+            seed: Some(drawn.seed.clone()),
+            tickets: Some(&users),
+        };
+        Ok(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()))
     }
 
     /// The JSON answer for the holder of `place`.
@@ -874,11 +968,10 @@ impl Rooms {
         metrics::counter!(crate::metrics::ROOM_PUSHBACK).increment(1);
         let recorded = async {
             let mut conn = self.redis.get().await?;
-            redis::cmd("HSET")
-                .arg(self.keys.room(product_id))
-                .arg("pushback_ms")
+            self.pushback
+                .key(self.keys.room(product_id))
                 .arg(now_ms())
-                .query_async::<i64>(&mut conn)
+                .invoke_async::<i64>(&mut conn)
                 .await
         }
         .await;
@@ -966,39 +1059,6 @@ fn parse_advance(
         admit_per_sec,
         admits,
     })
-}
-
-/// The draw of a raffle whose entry closed, from the step's `reply`: `previous`'s when it is
-/// of the same seed and entries, else drawn now (off the runtime's threads: one SHA-256 per
-/// entry); `None` for `fifo` and before the close.
-async fn drawn(reply: &[Value], previous: Option<&RoomView>) -> Option<std::sync::Arc<draw::Draw>> {
-    let entries = match reply.get(9) {
-        Some(Value::Int(n)) => u64::try_from(*n).ok()?,
-        _ => return None,
-    };
-    let seed = match reply.get(10) {
-        Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok()?.to_owned(),
-        _ => return None,
-    };
-    if seed.is_empty() {
-        return None;
-    }
-    if let Some(draw) = previous.and_then(|p| p.draw.as_ref())
-        && draw.entries == entries
-        && draw.seed == seed
-    {
-        return Some(draw.clone());
-    }
-    let started = Instant::now();
-    let draw = tokio::task::spawn_blocking(move || draw::Draw::new(&seed, entries))
-        .await
-        .ok()??;
-    tracing::info!(
-        entries,
-        took_ms = started.elapsed().as_millis() as u64,
-        "waiting room: raffle drawn"
-    );
-    Some(std::sync::Arc::new(draw))
 }
 
 fn json(status: StatusCode, body: &impl Serialize) -> Response {
