@@ -488,9 +488,13 @@ fn drawn_order(seed: &str, entries: u64) -> Vec<u64> {
 #[tokio::test]
 async fn a_raffle_admits_in_the_order_its_published_seed_gives() {
     use sha2::{Digest, Sha256};
-    let platform = spawn_platform().await;
+    // An admitted buyer counts as one who may still buy for the pass's whole life: however
+    // slowly a loaded machine runs the three purchases below, nobody else is let in.
+    let platform = spawn_platform_with_gateway(|s| s.room_no_show = s.room_pass_ttl).await;
+    // Far enough off that the twelve joins below are in before entry closes, however
+    // loaded the machine.
     let product = platform
-        .create_room_product(3, Duration::from_secs(3), "raffle")
+        .create_room_product(3, Duration::from_secs(6), "raffle")
         .await;
     let before = draw(&platform, product, 500).await;
     let commitment = before["commitment"]
@@ -516,7 +520,7 @@ async fn a_raffle_admits_in_the_order_its_published_seed_gives() {
     }
 
     // At the start the seed is revealed: the one committed to, over the twelve entries.
-    let after = eventually("the draw", Duration::from_secs(10), || async {
+    let after = eventually("the draw", Duration::from_secs(15), || async {
         let published = draw(&platform, product, 500).await;
         published["seed"].is_string().then_some(published)
     })
