@@ -287,6 +287,16 @@ impl Rooms {
         self.refresh(product_id).await
     }
 
+    /// [`Self::room`], or the answer when there is none on (`404 no_waiting_room`) or Redis
+    /// did not answer (`503`).
+    async fn room_on(&self, product_id: i64) -> Result<std::sync::Arc<RoomView>, Response> {
+        match self.room(product_id).await {
+            Ok(Some(room)) => Ok(room),
+            Ok(None) => Err(no_room()),
+            Err(e) => Err(redis_failed(&e)),
+        }
+    }
+
     /// Learns that `product_id` has a room on (seckill-api refused a purchase of it `428`):
     /// followed from the next tick.
     pub fn learn(&self, product_id: i64) {
@@ -621,10 +631,9 @@ impl Rooms {
                     sale: *start_ms,
                     line: u64::try_from(*line).unwrap_or(0),
                 };
-                let room = match self.room(product_id).await {
-                    Ok(Some(room)) => room,
-                    Ok(None) => return no_room(),
-                    Err(e) => return redis_failed(&e),
+                let room = match self.room_on(product_id).await {
+                    Ok(room) => room,
+                    Err(refused) => return refused,
                 };
                 metrics::counter!(crate::metrics::ROOM_JOINS).increment(1);
                 let text = self.key.ticket(holder, ticket);
@@ -659,17 +668,11 @@ impl Rooms {
     /// `GET /api/rooms/{product_id}/challenge`: a challenge for the caller (bits 0 while
     /// no proof is asked).
     async fn challenge(&self, product_id: i64, user_id: i64) -> Response {
-        let room = match self.room(product_id).await {
-            Ok(Some(room)) => room,
-            Ok(None) => return no_room(),
-            Err(e) => return redis_failed(&e),
+        let room = match self.room_on(product_id).await {
+            Ok(room) => room,
+            Err(refused) => return refused,
         };
-        let holder = Holder {
-            product_id,
-            user_id,
-            sale: room.start_ms,
-            line: room.line,
-        };
+        let holder = room.holder(product_id, user_id);
         let mut response = json(StatusCode::OK, &self.issue_challenge(holder, now_ms()));
         response.push_header(b"cache-control", b"no-store");
         response
@@ -691,22 +694,16 @@ impl Rooms {
                 ));
             }
         };
-        let room = match self.room(product_id).await {
-            Ok(Some(room)) => room,
-            Ok(None) => return Some(no_room()),
-            Err(e) => return Some(redis_failed(&e)),
+        let room = match self.room_on(product_id).await {
+            Ok(room) => room,
+            Err(refused) => return Some(refused),
         };
         let now = now_ms();
         // An ended sale is said so by the join itself.
         if now >= room.end_ms || self.pow_bits(product_id) == 0 {
             return None;
         }
-        let holder = Holder {
-            product_id,
-            user_id,
-            sale: room.start_ms,
-            line: room.line,
-        };
+        let holder = room.holder(product_id, user_id);
         let failure = match proof {
             None => pow::Failure::Missing,
             Some(proof) => match self.key.check_challenge(holder, &proof.challenge) {
@@ -735,17 +732,11 @@ impl Rooms {
     }
 
     async fn poll(&self, product_id: i64, user_id: i64, ticket: &str) -> Response {
-        let room = match self.room(product_id).await {
-            Ok(Some(room)) => room,
-            Ok(None) => return no_room(),
-            Err(e) => return redis_failed(&e),
+        let room = match self.room_on(product_id).await {
+            Ok(room) => room,
+            Err(refused) => return refused,
         };
-        let holder = Holder {
-            product_id,
-            user_id,
-            sale: room.start_ms,
-            line: room.line,
-        };
+        let holder = room.holder(product_id, user_id);
         let Some(ticket) = self.key.check_ticket(holder, ticket) else {
             return error::response(
                 StatusCode::FORBIDDEN,
@@ -761,10 +752,9 @@ impl Rooms {
     /// closed and this gateway drew. A drawn raffle's answer never changes: it is made once
     /// (one read of the ticket list, however many ask at once) and kept with the draw.
     async fn draw(&self, product_id: i64) -> Response {
-        let room = match self.room(product_id).await {
-            Ok(Some(room)) => room,
-            Ok(None) => return no_room(),
-            Err(e) => return redis_failed(&e),
+        let room = match self.room_on(product_id).await {
+            Ok(room) => room,
+            Err(refused) => return refused,
         };
         if !room.raffle {
             return error::response(
@@ -920,12 +910,7 @@ impl Rooms {
             Ok(None) => return refused_pass("invalid_pass", "this sale has no waiting room"),
             Err(e) => return Admission::Refused(redis_failed(&e)),
         };
-        let holder = Holder {
-            product_id,
-            user_id,
-            sale: room.start_ms,
-            line: room.line,
-        };
+        let holder = room.holder(product_id, user_id);
         let Some(pass) = self.key.check_pass(holder, pass) else {
             return refused_pass("invalid_pass", "this pass is not yours for this sale");
         };

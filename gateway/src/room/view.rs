@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::draw::Draw;
-use super::ticket::Pass;
+use super::ticket::{Holder, Pass};
 
 /// How the gateway paces admissions and polls (settings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +110,16 @@ pub const MIN_POLL_AFTER_MS: u64 = 1_000;
 pub const SOLD_OUT_POLL_AFTER_MS: u64 = 10_000;
 
 impl RoomView {
+    /// Whom a ticket, pass or challenge of `user_id` for this room's sale is signed for.
+    pub fn holder(&self, product_id: i64, user_id: i64) -> Holder {
+        Holder {
+            product_id,
+            user_id,
+            sale: self.start_ms,
+            line: self.line,
+        }
+    }
+
     /// The position of `place` in the order of admission: the place itself, or in a raffle
     /// its rank in the draw (`None` before the draw).
     pub fn rank(&self, place: u64) -> Option<u64> {
